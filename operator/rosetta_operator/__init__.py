@@ -1,0 +1,1 @@
+"""Rosetta's Kubernetes operator: TranslationTraining → ConfigMap + JobSet, status mirrored back."""

@@ -1,0 +1,81 @@
+"""`rosetta` command line. Subcommands import their heavy dependencies lazily so
+that `rosetta validate` or `rosetta crd` never pay for importing torch."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rosetta_trainer.config import ConfigError
+
+
+def _add_trainer_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train a TranslationTraining in this process (or under torchrun)")
+    p.add_argument("-f", "--file", required=True, help="TranslationTraining YAML")
+    p.add_argument("-o", "--output", help="output directory (default: runs/<metadata.name>)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
+                   help="override a field, e.g. --set spec.training.maxSteps=100 (repeatable)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("evaluate", help="evaluate a saved checkpoint or exported model")
+    p.add_argument("--checkpoint", required=True, help="checkpoint or model directory")
+    p.add_argument("-f", "--file", help="YAML whose data.test (or --split) to evaluate; default: the checkpoint's own config")
+    p.add_argument("--split", default="test", choices=["validation", "test"])
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE")
+    p.add_argument("--beams", type=int)
+    p.add_argument("--max-samples", type=int)
+    p.add_argument("--output", help="write the scores (JSON) and hypotheses here")
+    p.set_defaults(func=_cmd_evaluate)
+
+    p = sub.add_parser("translate", help="translate text with a saved checkpoint")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("text", nargs="*", help="sentences (default: one per line on stdin)")
+    p.add_argument("--target-lang", help="target language of a multilingual model")
+    p.add_argument("--beams", type=int, default=4)
+    p.set_defaults(func=_cmd_translate)
+
+
+def _cmd_train(args) -> int:
+    from rosetta_trainer.__main__ import train_from_file
+
+    train_from_file(args.file, output=args.output, overrides=args.overrides, progress=not args.no_progress)
+    return 0
+
+
+def _cmd_evaluate(args) -> int:
+    from rosetta_trainer.evaluate import evaluate_command
+
+    return evaluate_command(args)
+
+
+def _cmd_translate(args) -> int:
+    from rosetta_trainer.evaluate import translate_command
+
+    return translate_command(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rosetta", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_trainer_commands(sub)
+    try:
+        from rosetta_operator.cli import add_commands
+    except ImportError:  # the operator package is optional in a trainer-only install
+        pass
+    else:
+        add_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

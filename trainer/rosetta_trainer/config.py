@@ -1,0 +1,397 @@
+"""The TranslationTraining document: one YAML for the laptop and the cluster.
+
+This module must import without torch: the operator validates specs with it
+and generates the CRD schema from it.
+
+Field names are camelCase in YAML (Kubernetes convention) and snake_case in
+Python. Every model forbids unknown keys so that a typo is an error, not a
+silently ignored setting.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+API_VERSION = "rosetta.dev/v1alpha1"
+KIND = "TranslationTraining"
+
+# Names used in T5-style task prefixes ("translate English to German: ").
+LANGUAGE_NAMES = {
+    "ar": "Arabic", "cs": "Czech", "de": "German", "en": "English", "es": "Spanish",
+    "fi": "Finnish", "fr": "French", "hi": "Hindi", "it": "Italian", "ja": "Japanese",
+    "ko": "Korean", "nl": "Dutch", "pl": "Polish", "pt": "Portuguese", "ro": "Romanian",
+    "ru": "Russian", "sv": "Swedish", "tr": "Turkish", "uk": "Ukrainian", "zh": "Chinese",
+}
+
+
+class ConfigError(ValueError):
+    """An invalid document. `errors` lists (field path, message) for every problem."""
+
+    def __init__(self, errors: list[tuple[str, str]], source: str | None = None):
+        self.errors = errors
+        self.source = source
+        where = f" in {source}" if source else ""
+        lines = [f"invalid TranslationTraining{where} ({len(errors)} error{'s' * (len(errors) != 1)}):"]
+        lines += [f"  {path}: {message}" for path, message in errors]
+        super().__init__("\n".join(lines))
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=False
+    )
+
+
+# --------------------------------------------------------------------------- model
+
+
+class ModelSpec(Model):
+    """Either pretrained weights (`name`) or a from-scratch `architecture`."""
+
+    name: Optional[str] = Field(
+        None, description="Hugging Face model id or local directory with pretrained weights."
+    )
+    architecture: Optional[Literal["t5", "transformer"]] = Field(
+        None, description="Train from scratch: t5 (T5Config) or transformer (Marian/BART-style)."
+    )
+    size: Literal["tiny", "small", "base", "big"] = Field(
+        "base", description="Preset for from-scratch models; the fields below override it."
+    )
+    d_model: Optional[int] = Field(None, ge=8, description="Hidden size.")
+    encoder_layers: Optional[int] = Field(None, ge=1)
+    decoder_layers: Optional[int] = Field(None, ge=1)
+    heads: Optional[int] = Field(None, ge=1, description="Attention heads.")
+    ffn_dim: Optional[int] = Field(None, ge=8, description="Feed-forward inner size.")
+    dropout: Optional[float] = Field(None, ge=0.0, lt=1.0)
+    max_positions: Optional[int] = Field(None, ge=8, description="Longest sequence (transformer).")
+    attention: Literal["sdpa", "eager"] = Field(
+        "sdpa", description="Attention kernel passed to transformers (attn_implementation)."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        if (self.name is None) == (self.architecture is None):
+            raise ValueError("set exactly one of 'name' (pretrained) or 'architecture' (from scratch)")
+        if self.d_model and self.heads and self.d_model % self.heads:
+            raise ValueError(f"dModel ({self.d_model}) must be divisible by heads ({self.heads})")
+        return self
+
+
+# ----------------------------------------------------------------------- tokenizer
+
+
+class TokenizerTraining(Model):
+    type: Literal["bpe", "unigram"] = "unigram"
+    vocab_size: int = Field(8000, ge=64, le=1_000_000)
+    min_frequency: int = Field(2, ge=1)
+    max_sentences: Optional[int] = Field(
+        None, ge=1, description="Train on at most this many sentences per side."
+    )
+
+
+class TokenizerSpec(Model):
+    path: Optional[str] = Field(
+        None, description="Tokenizer directory or hub id; defaults to the model's own when pretrained."
+    )
+    train: Optional[TokenizerTraining] = Field(
+        None, description="Train a new tokenizer on the training data with `tokenizers`."
+    )
+
+    @model_validator(mode="after")
+    def _not_both(self):
+        if self.path is not None and self.train is not None:
+            raise ValueError("set either 'path' or 'train', not both")
+        return self
+
+
+# ---------------------------------------------------------------------------- data
+
+DataFormat = Literal["pairs", "tsv", "csv", "jsonl", "mtgeneval", "generated"]
+
+_REQUIRED_BY_FORMAT = {
+    "pairs": ("source", "target"),
+    "tsv": ("path",),
+    "csv": ("path",),
+    "jsonl": ("path",),
+    "mtgeneval": ("path",),
+    "generated": (),
+}
+
+
+class DataSource(Model):
+    """One corpus. Flat on purpose: one schema for every format keeps the CRD structural."""
+
+    format: DataFormat = Field(
+        ...,
+        description=(
+            "pairs: line-aligned source/target files (optionally .gz); tsv/csv: one file with named "
+            "columns; jsonl: one object per line; mtgeneval: an MT-GenEval directory of "
+            "masculine/feminine counterfactual pairs; generated: the built-in demo corpus."
+        ),
+    )
+    source: Optional[str] = Field(None, description="pairs: source-language file.")
+    target: Optional[str] = Field(None, description="pairs: target-language file.")
+    path: Optional[str] = Field(None, description="tsv/csv/jsonl file, or the mtgeneval directory.")
+    source_column: str = Field("source", description="tsv/csv column or jsonl field of the source text.")
+    target_column: str = Field("target", description="tsv/csv column or jsonl field of the target text.")
+    lang_column: Optional[str] = Field(
+        None, description="tsv/csv column or jsonl field naming each row's target language."
+    )
+    target_lang: Optional[str] = Field(
+        None, description="Target language of this source; required when spec.data has several."
+    )
+    split: str = Field("dev", description="mtgeneval: which split's files to read.")
+    size: int = Field(20000, ge=1, description="generated: number of sentence pairs.")
+    seed: int = Field(0, description="generated: corpus seed (different seeds, disjoint splits).")
+    limit: Optional[int] = Field(None, ge=1, description="Read at most this many pairs.")
+
+    @model_validator(mode="after")
+    def _fields_for_format(self):
+        missing = [f for f in _REQUIRED_BY_FORMAT[self.format] if getattr(self, f) is None]
+        if missing:
+            raise ValueError(f"format '{self.format}' needs {', '.join(repr(to_camel(m)) for m in missing)}")
+        return self
+
+
+class DataSpec(Model):
+    source_lang: str = Field(..., min_length=2, description="ISO code of the source language.")
+    target_langs: list[str] = Field(
+        ..., min_length=1, description="One or more targets; several make one multilingual model."
+    )
+    train: list[DataSource] = Field(default_factory=list)
+    validation: list[DataSource] = Field(default_factory=list)
+    test: list[DataSource] = Field(default_factory=list)
+    task_prefix: Optional[bool] = Field(
+        None,
+        description=(
+            "Prepend 'translate English to German: ' style prefixes. Default: on for several "
+            "targets or T5 models."
+        ),
+    )
+    max_source_length: int = Field(256, ge=4, description="Longer sources are truncated (tokens).")
+    max_target_length: int = Field(256, ge=4, description="Longer targets are truncated (tokens).")
+
+    @model_validator(mode="after")
+    def _languages(self):
+        if self.source_lang in self.target_langs:
+            raise ValueError(f"targetLangs must not contain the source language '{self.source_lang}'")
+        if len(set(self.target_langs)) != len(self.target_langs):
+            raise ValueError("targetLangs has duplicates")
+        if len(self.target_langs) > 1:
+            for split in ("train", "validation", "test"):
+                for i, src in enumerate(getattr(self, split)):
+                    if src.format in ("pairs",) and src.target_lang is None:
+                        raise ValueError(
+                            f"{split}[{i}].targetLang is required when targetLangs has several languages"
+                        )
+        for split in ("train", "validation", "test"):
+            for i, src in enumerate(getattr(self, split)):
+                if src.target_lang is not None and src.target_lang not in self.target_langs:
+                    raise ValueError(
+                        f"{split}[{i}].targetLang '{src.target_lang}' is not in targetLangs {self.target_langs}"
+                    )
+        return self
+
+
+# ------------------------------------------------------------------------ training
+
+
+class BatchSpec(Model):
+    tokens: Optional[int] = Field(
+        None, ge=8, description="Micro-batch size in tokens (source+target, padding included) per process."
+    )
+    sentences: Optional[int] = Field(None, ge=1, description="Micro-batch size in sentence pairs per process.")
+
+    @model_validator(mode="after")
+    def _exactly_one(self):
+        if (self.tokens is None) == (self.sentences is None):
+            raise ValueError("set exactly one of 'tokens' or 'sentences'")
+        return self
+
+
+class TrainingSpec(Model):
+    max_steps: Optional[int] = Field(None, ge=1, description="Optimizer steps to train.")
+    epochs: Optional[float] = Field(None, gt=0, description="Passes over the training data.")
+    batch: BatchSpec = Field(default_factory=lambda: BatchSpec(tokens=4096))
+    learning_rate: float = Field(5e-4, gt=0, le=10)
+    schedule: Literal["noam", "linear", "cosine", "constant"] = "noam"
+    warmup_steps: int = Field(1000, ge=0)
+    precision: Literal["bf16", "fp16", "fp32"] = "fp32"
+    gradient_accumulation: int = Field(1, ge=1)
+    clip_grad_norm: Optional[float] = Field(1.0, gt=0, description="Max gradient norm; null disables clipping.")
+    weight_decay: float = Field(0.0, ge=0)
+    label_smoothing: float = Field(0.1, ge=0, lt=1)
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    adam_eps: float = Field(1e-9, gt=0)
+    seed: int = 1
+    log_interval: int = Field(10, ge=1, description="Steps between lines in metrics.jsonl.")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    compile: bool = Field(False, description="torch.compile the model.")
+
+    @model_validator(mode="after")
+    def _length(self):
+        if self.max_steps is None and self.epochs is None:
+            raise ValueError("set 'maxSteps' or 'epochs'")
+        return self
+
+
+class CheckpointSpec(Model):
+    dir: Optional[str] = Field(
+        None, description="Checkpoint directory; default <output>/checkpoints. Relative paths are under the output dir."
+    )
+    interval: int = Field(1000, ge=1, description="Steps between checkpoints.")
+    keep: int = Field(3, ge=1, description="How many of the latest checkpoints to keep.")
+    keep_best: bool = Field(True, description="Also keep the best checkpoint by validation BLEU.")
+
+
+class EvaluationSpec(Model):
+    interval: Optional[int] = Field(
+        None, ge=1, description="Steps between validation runs; default: at each checkpoint."
+    )
+    beams: int = Field(4, ge=1, le=64, description="1 = greedy.")
+    max_samples: Optional[int] = Field(500, ge=1, description="Validation pairs per run (all test pairs).")
+    batch_sentences: int = Field(64, ge=1)
+    max_new_tokens: int = Field(128, ge=1)
+    metrics: list[Literal["bleu", "chrf", "gender"]] = Field(default_factory=lambda: ["bleu", "chrf", "gender"])
+    at_end: bool = Field(True, description="Evaluate validation and test sets when training ends.")
+
+
+class MetricsSpec(Model):
+    port: int = Field(9400, ge=0, le=65535, description="Prometheus port on rank 0; 0 disables the endpoint.")
+    tensorboard: bool = True
+
+
+class TrainerSpec(Model):
+    """Everything the trainer reads. The operator's spec extends this with cluster fields."""
+
+    task: Literal["translation"] = "translation"
+    model: ModelSpec
+    tokenizer: TokenizerSpec = Field(default_factory=TokenizerSpec)
+    data: DataSpec
+    training: TrainingSpec
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
+    metrics: MetricsSpec = Field(default_factory=MetricsSpec)
+
+    @model_validator(mode="after")
+    def _cross_field(self):
+        if self.model.architecture is not None and self.tokenizer.path is None and self.tokenizer.train is None:
+            raise ValueError("a from-scratch model needs tokenizer.path or tokenizer.train")
+        if self.model.name is None and self.tokenizer.path is None and not self.data.train:
+            raise ValueError("tokenizer.train needs data.train")
+        return self
+
+    def uses_task_prefix(self) -> bool:
+        if self.data.task_prefix is not None:
+            return self.data.task_prefix
+        is_t5 = self.model.architecture == "t5" or (
+            self.model.name is not None and "t5" in self.model.name.lower()
+        )
+        return len(self.data.target_langs) > 1 or is_t5
+
+
+# Top-level spec keys that belong to the cluster (the operator's spec model
+# validates them). The trainer ignores exactly these, so a typo anywhere else is
+# still an error; a test keeps this set equal to the operator's extra fields.
+CLUSTER_KEYS = frozenset({
+    "image", "imagePullPolicy", "imagePullSecrets", "nodes", "gpusPerNode", "procsPerNode", "launcher",
+    "resources", "network", "env", "volumes", "scheduling", "suspend", "failurePolicy",
+    "ttlSecondsAfterFinished", "serviceAccountName", "podSecurity", "terminationGracePeriodSeconds",
+})
+
+
+class Metadata(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = Field("training", min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    namespace: Optional[str] = None
+
+
+class TrainingDocument(BaseModel):
+    """A whole `kind: TranslationTraining` YAML document."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    api_version: Literal["rosetta.dev/v1alpha1"] = Field(API_VERSION, alias="apiVersion")
+    kind: Literal["TranslationTraining"] = KIND
+    metadata: Metadata = Field(default_factory=Metadata)
+    spec: TrainerSpec
+
+
+def task_prefix(source_lang: str, target_lang: str) -> str:
+    src = LANGUAGE_NAMES.get(source_lang, source_lang)
+    tgt = LANGUAGE_NAMES.get(target_lang, target_lang)
+    return f"translate {src} to {tgt}: "
+
+
+def format_errors(exc: ValidationError, prefix: str = "") -> list[tuple[str, str]]:
+    """pydantic errors as (dotted field path, message), list indices in brackets."""
+    out = []
+    for err in exc.errors():
+        parts = []
+        for loc in err["loc"]:
+            if isinstance(loc, int):
+                parts[-1:] = [f"{parts[-1]}[{loc}]"] if parts else [f"[{loc}]"]
+            else:
+                parts.append(str(loc))
+        path = ".".join(p for p in parts if p)
+        if prefix:
+            path = f"{prefix}.{path}" if path else prefix
+        message = err["msg"].removeprefix("Value error, ")
+        out.append((path or "(document)", message))
+    return out
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """Apply `a.b.c=value` overrides (value parsed as YAML) to a raw document."""
+    raw = copy.deepcopy(raw)
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError([(item, "override must look like 'spec.training.maxSteps=100'")])
+        node = raw
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError([(key, f"'{part}' is not a mapping")])
+        node[parts[-1]] = yaml.safe_load(value)
+    return raw
+
+
+def parse_document(raw: Any, source: str | None = None, model: type[BaseModel] = TrainingDocument):
+    """Validate a raw document. With the default model, cluster-only spec keys are ignored."""
+    if not isinstance(raw, dict):
+        raise ConfigError([("(document)", "expected a YAML mapping with apiVersion, kind and spec")], source)
+    if model is TrainingDocument and isinstance(raw.get("spec"), dict):
+        raw = {**raw, "spec": {k: v for k, v in raw["spec"].items() if k not in CLUSTER_KEYS}}
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(format_errors(exc), source) from None
+
+
+def read_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError([("(file)", f"{path} does not exist")], str(path)) from None
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        raise ConfigError([("(yaml)", str(exc))], str(path)) from None
+    if len(docs) != 1:
+        raise ConfigError([("(file)", f"expected one YAML document, found {len(docs)}")], str(path))
+    return docs[0]
+
+
+def load_document(path: str | Path, overrides: list[str] | None = None,
+                  model: type[BaseModel] = TrainingDocument):
+    """Read, override and validate a TranslationTraining file; ConfigError lists every problem."""
+    raw = apply_overrides(read_yaml(path), overrides or [])
+    return parse_document(raw, str(path), model)
