@@ -1,0 +1,130 @@
+"""Token-budget batches bucketed by length, deterministic per (seed, epoch).
+
+The plan for an epoch is a pure function of the lengths, the seed and the
+epoch number, so a resumed run rebuilds the same plan and skips the batches it
+has already consumed: that is what makes resume exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+IGNORE_INDEX = -100  # labels with this value do not contribute to the loss
+
+
+@dataclass
+class EncodedCorpus:
+    sources: list[list[int]]
+    targets: list[list[int]]
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+    def lengths(self) -> tuple[np.ndarray, np.ndarray]:
+        return (np.fromiter(map(len, self.sources), dtype=np.int64, count=len(self)),
+                np.fromiter(map(len, self.targets), dtype=np.int64, count=len(self)))
+
+
+def encode(tokenizer, sources: list[str], targets: list[str], max_source: int, max_target: int) -> EncodedCorpus:
+    src = tokenizer(sources, truncation=True, max_length=max_source)["input_ids"]
+    tgt = tokenizer(text_target=targets, truncation=True, max_length=max_target)["input_ids"]
+    return EncodedCorpus(list(src), list(tgt))
+
+
+def plan_epoch(
+    src_lengths: np.ndarray,
+    tgt_lengths: np.ndarray,
+    *,
+    seed: int,
+    epoch: int,
+    max_tokens: int | None = None,
+    max_sentences: int | None = None,
+    world_size: int = 1,
+) -> list[list[int]]:
+    """All batches of one epoch (every rank's), as lists of example indices.
+
+    Examples are sorted by length with random tie-breaking, packed greedily so
+    that a batch's padded size (sentences × (longest source + longest target))
+    stays within `max_tokens`, and the batches are shuffled. The count is cut to
+    a multiple of `world_size` so that every rank takes the same number of steps.
+    """
+    if (max_tokens is None) == (max_sentences is None):
+        raise ValueError("give exactly one of max_tokens or max_sentences")
+    n = len(src_lengths)
+    rng = np.random.default_rng([seed, epoch])
+    noise = rng.permutation(n)
+    order = np.lexsort((noise, np.minimum(src_lengths, tgt_lengths), np.maximum(src_lengths, tgt_lengths)))
+
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest_src = longest_tgt = 0
+    for i in order.tolist():
+        s, t = int(src_lengths[i]), int(tgt_lengths[i])
+        if max_tokens is not None:
+            cost = (len(current) + 1) * (max(longest_src, s) + max(longest_tgt, t))
+            full = bool(current) and cost > max_tokens
+        else:
+            full = len(current) >= max_sentences
+        if full:
+            batches.append(current)
+            current, longest_src, longest_tgt = [], 0, 0
+        current.append(i)
+        longest_src, longest_tgt = max(longest_src, s), max(longest_tgt, t)
+    if current:
+        batches.append(current)
+
+    shuffled = [batches[j] for j in rng.permutation(len(batches))]
+    usable = len(shuffled) - len(shuffled) % world_size
+    return shuffled[:usable]
+
+
+def rank_batches(plan: list[list[int]], rank: int, world_size: int) -> list[list[int]]:
+    return plan[rank::world_size]
+
+
+def collate(corpus: EncodedCorpus, indices: list[int], pad_id: int) -> dict[str, torch.Tensor]:
+    """Pad one batch. Returns model inputs plus token counts (not model inputs)."""
+    srcs = [corpus.sources[i] for i in indices]
+    tgts = [corpus.targets[i] for i in indices]
+    b, ls, lt = len(indices), max(map(len, srcs)), max(map(len, tgts))
+    input_ids = torch.full((b, ls), pad_id, dtype=torch.long)
+    attention = torch.zeros((b, ls), dtype=torch.long)
+    labels = torch.full((b, lt), IGNORE_INDEX, dtype=torch.long)
+    for row, (s, t) in enumerate(zip(srcs, tgts)):
+        input_ids[row, : len(s)] = torch.tensor(s)
+        attention[row, : len(s)] = 1
+        labels[row, : len(t)] = torch.tensor(t)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention,
+        "labels": labels,
+        "source_lengths": torch.tensor([len(s) for s in srcs]),
+        "target_lengths": torch.tensor([len(t) for t in tgts]),
+    }
+
+
+class BatchLoader(torch.utils.data.Dataset):
+    """One item = one collated batch; lets a DataLoader prefetch and pin memory."""
+
+    def __init__(self, corpus: EncodedCorpus, batches: list[list[int]], pad_id: int):
+        self.corpus, self.batches, self.pad_id = corpus, batches, pad_id
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return collate(self.corpus, self.batches[i], self.pad_id)
+
+
+def iterate(corpus: EncodedCorpus, batches: list[list[int]], pad_id: int, start: int = 0, pin_memory: bool = False):
+    """Batches from position `start` on, collated in a background worker."""
+    remaining = BatchLoader(corpus, batches[start:], pad_id)
+    if not len(remaining):
+        return iter(())
+    return iter(torch.utils.data.DataLoader(
+        remaining, batch_size=None, shuffle=False, num_workers=1, prefetch_factor=4,
+        pin_memory=pin_memory, persistent_workers=False,
+    ))

@@ -1,0 +1,159 @@
+"""Atomic checkpoints: keep the latest k plus the best by validation BLEU, resume from the newest.
+
+A checkpoint is written into a hidden temporary directory and renamed into
+place only when every file is on disk, with a COMPLETE marker written last.
+Readers only ever look at directories named `step-NNNNNNNN` that hold the
+marker, so a crash mid-write (or a half-copied directory) is never resumed from.
+
+Layout of one checkpoint:
+    step-00001000/
+        model/            save_pretrained() weights and config
+        tokenizer/
+        trainer_state.pt  optimizer, scheduler, step and data position
+        rng/rank-N.pt     each rank's RNG state (dropout differs per rank)
+        training.yaml     the document the run was started with
+        meta.json         step, epoch, validation BLEU, world size
+        COMPLETE
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rosetta_trainer.distributed import World, barrier
+
+STEP_DIR = re.compile(r"^step-(\d{8})$")
+MARKER = "COMPLETE"
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(path: Path) -> None:
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            with open(os.path.join(root, name), "rb") as fh:
+                os.fsync(fh.fileno())
+        _fsync_dir(Path(root))
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    """Complete checkpoints under `root`, oldest first."""
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        m = STEP_DIR.match(child.name)
+        if m and child.is_dir() and (child / MARKER).is_file():
+            found.append((int(m.group(1)), child))
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    found = complete_checkpoints(root)
+    return found[-1] if found else None
+
+
+def read_meta(path: Path) -> dict:
+    return json.loads((path / "meta.json").read_text())
+
+
+def rng_state() -> dict:
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class CheckpointManager:
+    def __init__(self, root: Path, world: World, keep: int = 3, keep_best: bool = True):
+        self.root, self.world, self.keep, self.keep_best = Path(root), world, keep, keep_best
+
+    def save(self, *, step: int, model, tokenizer, trainer_state: dict, document_yaml: str,
+             meta: dict) -> Path:
+        """Collective: every rank must call it. Returns the final directory."""
+        final = self.root / step_dir_name(step)
+        tmp = self.root / f".tmp-{step_dir_name(step)}"
+        if self.world.is_main:
+            self.root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)  # leftovers of a crashed save
+            (tmp / "rng").mkdir(parents=True)
+        barrier(self.world)
+        torch.save(rng_state(), tmp / "rng" / f"rank-{self.world.rank}.pt")
+        barrier(self.world)
+        if self.world.is_main:
+            unwrapped = getattr(model, "module", model)
+            unwrapped.save_pretrained(tmp / "model", safe_serialization=True)
+            tokenizer.save_pretrained(tmp / "tokenizer")
+            torch.save(trainer_state, tmp / "trainer_state.pt")
+            (tmp / "training.yaml").write_text(document_yaml)
+            (tmp / "meta.json").write_text(json.dumps({**meta, "step": step, "world_size": self.world.size}, indent=2))
+            _fsync_tree(tmp)
+            (tmp / MARKER).write_text("")
+            _fsync_tree(tmp)
+            if final.exists():  # re-saving a step (e.g. the final save after an interval save)
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            _fsync_dir(self.root)
+            self._prune()
+        barrier(self.world)
+        return final
+
+    def best(self) -> Path | None:
+        """The complete checkpoint with the highest validation BLEU, if any has one."""
+        scored = [(read_meta(p).get("bleu"), p) for p in complete_checkpoints(self.root)]
+        scored = [(b, p) for b, p in scored if b is not None]
+        if not scored:
+            return None
+        # Ties go to the earlier step: a later checkpoint must be strictly better.
+        return max(scored, key=lambda bp: (bp[0], -int(STEP_DIR.match(bp[1].name).group(1))))[1]
+
+    def _prune(self) -> None:
+        found = complete_checkpoints(self.root)
+        protected = set(found[-self.keep:])
+        best = self.best() if self.keep_best else None
+        if best is not None:
+            protected.add(best)
+            (self.root / "best.json").write_text(json.dumps(
+                {"path": best.name, **{k: v for k, v in read_meta(best).items() if k in ("step", "bleu", "chrf")}}
+            ))
+        for path in found:
+            if path not in protected:
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def load_trainer_state(path: Path, world: World) -> tuple[dict, dict | None]:
+    """(trainer state, this rank's RNG state or None when the world size changed)."""
+    state = torch.load(path / "trainer_state.pt", map_location=world.device, weights_only=False)
+    rng_file = path / "rng" / f"rank-{world.rank}.pt"
+    rng = torch.load(rng_file, weights_only=False) if rng_file.exists() else None
+    return state, rng

@@ -1,0 +1,85 @@
+"""Process-group setup from the environment torchrun (or the deepspeed launcher) provides.
+
+Run alone, the trainer is a world of one and no process group is created.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int
+    local_rank: int
+    size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+
+def pick_device(preference: str, local_rank: int) -> torch.device:
+    if preference == "cpu":
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    if preference == "cuda":
+        raise RuntimeError("spec.training.device is 'cuda' but no CUDA device is visible")
+    return torch.device("cpu")
+
+
+def init_world(device_preference: str = "auto", timeout_s: int = 1800) -> World:
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = pick_device(device_preference, local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if size > 1 and not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
+    return World(rank=rank, local_rank=local_rank, size=size, device=device)
+
+
+def barrier(world: World) -> None:
+    if world.distributed:
+        dist.barrier()
+
+
+def all_gather_objects(world: World, obj):
+    """Every rank's `obj`, in rank order (a list of one when alone)."""
+    if not world.distributed:
+        return [obj]
+    out = [None] * world.size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(world: World, obj, src: int = 0):
+    if not world.distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def all_reduce_sum(world: World, tensor: torch.Tensor) -> torch.Tensor:
+    if world.distributed:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def close(world: World) -> None:
+    if world.distributed and dist.is_initialized():
+        dist.destroy_process_group()

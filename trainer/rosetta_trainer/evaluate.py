@@ -1,0 +1,170 @@
+"""Batched generation and scoring; also `rosetta evaluate` and `rosetta translate`.
+
+During training every rank translates its shard of the evaluation set and the
+hypotheses are gathered, so all ranks compute the same scores (and agree on
+which checkpoint is best) without an extra broadcast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from rosetta_trainer.config import ConfigError, TrainerSpec, parse_document, task_prefix
+from rosetta_trainer.data import Example
+from rosetta_trainer.distributed import World, all_gather_objects
+from rosetta_trainer.scoring import corpus_scores, gender_scores
+
+
+@torch.no_grad()
+def translate(model, tokenizer, sources: list[str], *, beams: int, max_new_tokens: int,
+              batch_sentences: int, device: torch.device, max_source_length: int = 512) -> list[str]:
+    """Translate in length-sorted batches (less padding), returned in input order."""
+    model = getattr(model, "module", model)
+    was_training = model.training
+    model.eval()
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    out: list[str] = [""] * len(sources)
+    for start in range(0, len(order), batch_sentences):
+        idx = order[start: start + batch_sentences]
+        enc = tokenizer([sources[i] for i in idx], return_tensors="pt", padding=True,
+                        truncation=True, max_length=max_source_length).to(device)
+        generated = model.generate(
+            **enc, num_beams=beams, max_new_tokens=max_new_tokens, do_sample=False,
+            early_stopping=beams > 1,
+        )
+        for i, text in zip(idx, tokenizer.batch_decode(generated, skip_special_tokens=True)):
+            out[i] = text.strip()
+    model.train(was_training)
+    return out
+
+
+def model_inputs(examples: list[Example], source_lang: str, use_prefix: bool) -> list[str]:
+    if not use_prefix:
+        return [e.source for e in examples]
+    return [task_prefix(source_lang, e.target_lang) + e.source for e in examples]
+
+
+def score(examples: list[Example], hypotheses: list[str], metrics: list[str]) -> dict:
+    """Scores per target language; the top-level figures are the mean over languages."""
+    by_lang: dict[str, list[int]] = defaultdict(list)
+    for i, e in enumerate(examples):
+        by_lang[e.target_lang].append(i)
+    result: dict = {"samples": len(examples), "langs": {}}
+    for lang, idx in sorted(by_lang.items()):
+        hyps = [hypotheses[i] for i in idx]
+        refs = [examples[i].target for i in idx]
+        lang_scores = corpus_scores(hyps, refs, lang, [m for m in metrics if m in ("bleu", "chrf")])
+        gendered = [i for i in idx if examples[i].gender is not None]
+        if "gender" in metrics and gendered:
+            lang_scores["gender"] = gender_scores(
+                [hypotheses[i] for i in gendered],
+                [examples[i].target for i in gendered],
+                [examples[i].gender for i in gendered],
+                [examples[i].counterfactual for i in gendered],
+                lang,
+            )
+        result["langs"][lang] = lang_scores
+    for metric in ("bleu", "chrf"):
+        values = [s[metric] for s in result["langs"].values() if metric in s]
+        if values:
+            result[metric] = sum(values) / len(values)
+    if len(result["langs"]) == 1:
+        only = next(iter(result["langs"].values()))
+        for key in ("bleu_signature", "chrf_signature"):
+            if key in only:
+                result[key] = only[key]
+    return result
+
+
+def evaluate_examples(model, tokenizer, examples: list[Example], spec: TrainerSpec, world: World,
+                      beams: int | None = None) -> tuple[dict, list[str]]:
+    """Collective when distributed: every rank translates examples[rank::size]."""
+    ev = spec.evaluation
+    started = time.perf_counter()
+    inputs = model_inputs(examples, spec.data.source_lang, spec.uses_task_prefix())
+    mine = list(range(world.rank, len(examples), world.size))
+    hyps_mine = translate(
+        model, tokenizer, [inputs[i] for i in mine], beams=beams or ev.beams, max_new_tokens=ev.max_new_tokens,
+        batch_sentences=ev.batch_sentences, device=world.device, max_source_length=spec.data.max_source_length,
+    )
+    hypotheses = [""] * len(examples)
+    for shard in all_gather_objects(world, list(zip(mine, hyps_mine))):
+        for i, h in shard:
+            hypotheses[i] = h
+    scores = score(examples, hypotheses, ev.metrics)
+    scores["seconds"] = round(time.perf_counter() - started, 3)
+    return scores, hypotheses
+
+
+# ------------------------------------------------------------------ command line
+
+
+def load_checkpoint_for_inference(path: str | Path, device: torch.device):
+    """(model, tokenizer, spec) from a checkpoint directory or an exported model directory."""
+    from rosetta_trainer.models import load_pretrained
+    from rosetta_trainer.tokenization import load_tokenizer
+
+    path = Path(path)
+    model_dir = path / "model" if (path / "model").is_dir() else path
+    tok_dir = path / "tokenizer" if (path / "tokenizer").is_dir() else model_dir
+    if not (model_dir / "config.json").is_file():
+        raise ConfigError([("--checkpoint", f"{path} holds no model (no config.json in {model_dir})")])
+    spec = None
+    if (path / "training.yaml").is_file():
+        import yaml
+
+        spec = parse_document(yaml.safe_load((path / "training.yaml").read_text()), str(path / "training.yaml")).spec
+    model = load_pretrained(str(model_dir)).to(device)
+    return model, load_tokenizer(str(tok_dir)), spec
+
+
+def evaluate_command(args) -> int:
+    from rosetta_trainer.config import load_document
+    from rosetta_trainer.data import read_split
+    from rosetta_trainer.distributed import init_world
+
+    world = init_world("auto")
+    model, tokenizer, spec = load_checkpoint_for_inference(args.checkpoint, world.device)
+    if args.file:
+        spec = load_document(args.file, args.overrides).spec
+    if spec is None:
+        raise ConfigError([("-f", f"{args.checkpoint} has no training.yaml; pass the YAML with -f")])
+    examples = read_split(spec.data, args.split)
+    if not examples:
+        raise ConfigError([(f"spec.data.{args.split}", "is empty: nothing to evaluate")])
+    limit = args.max_samples
+    if limit:
+        examples = examples[:limit]
+    scores, hypotheses = evaluate_examples(model, tokenizer, examples, spec, world, beams=args.beams)
+    if world.is_main:
+        print(json.dumps(scores, indent=2))
+        if args.output:
+            out = Path(args.output)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / f"{args.split}.scores.json").write_text(json.dumps(scores, indent=2))
+            (out / f"{args.split}.hyp.txt").write_text("\n".join(hypotheses) + "\n")
+    return 0
+
+
+def translate_command(args) -> int:
+    from rosetta_trainer.distributed import pick_device
+
+    device = pick_device("auto", 0)
+    model, tokenizer, spec = load_checkpoint_for_inference(args.checkpoint, device)
+    lines = args.text or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    if spec is not None:
+        target = args.target_lang or spec.data.target_langs[0]
+        if target not in spec.data.target_langs:
+            raise ConfigError([("--target-lang", f"'{target}' is not one of {spec.data.target_langs}")])
+        if spec.uses_task_prefix():
+            lines = [task_prefix(spec.data.source_lang, target) + line for line in lines]
+    for text in translate(model, tokenizer, lines, beams=args.beams, max_new_tokens=256,
+                          batch_sentences=32, device=device):
+        print(text)
+    return 0

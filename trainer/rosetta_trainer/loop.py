@@ -1,0 +1,353 @@
+"""The training loop: steps, accumulation, logging, evaluation and checkpoints.
+
+Per-step work avoids host synchronisation: losses, token counts and gradient
+norms stay on the device and are read (and all-reduced) once per log interval.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from rosetta_trainer import batching
+from rosetta_trainer.batching import IGNORE_INDEX, EncodedCorpus
+from rosetta_trainer.checkpoint import CheckpointManager
+from rosetta_trainer.config import TrainerSpec
+from rosetta_trainer.data import Example
+from rosetta_trainer.distributed import World, all_reduce_sum
+from rosetta_trainer.evaluate import evaluate_examples
+from rosetta_trainer.flops import Seq2SeqDims, peak_flops, training_flops
+from rosetta_trainer.schedules import lr_multiplier
+from rosetta_trainer.telemetry import Telemetry
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Position:
+    """Where the run is: optimizer steps taken and the next batch of this rank's epoch plan."""
+
+    step: int = 0
+    epoch: int = 0
+    batch: int = 0
+    best_bleu: float | None = None
+    best_step: int | None = None
+    last_bleu: float | None = None
+
+
+class StopRequested:
+    """SIGTERM/SIGINT set a flag; the loop stops at the next step boundary and checkpoints."""
+
+    def __init__(self):
+        self.flag = False
+        self._previous = {}
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread (e.g. called from a test harness thread)
+                pass
+
+    def _handle(self, signum, _frame) -> None:
+        log.warning("received signal %d: stopping at the next step boundary", signum)
+        self.flag = True
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def autocast(precision: str, device: torch.device):
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+class Trainer:
+    def __init__(self, *, spec: TrainerSpec, world: World, model, tokenizer, train_corpus: EncodedCorpus,
+                 validation: list[Example], test: list[Example], checkpoints: CheckpointManager,
+                 telemetry: Telemetry, document_yaml: str, position: Position, progress: bool):
+        self.spec, self.world, self.tokenizer = spec, world, tokenizer
+        self.corpus, self.validation, self.test = train_corpus, validation, test
+        self.checkpoints, self.telemetry, self.document_yaml = checkpoints, telemetry, document_yaml
+        self.pos, self.progress = position, progress
+        t = spec.training
+        if t.precision == "fp16" and world.device.type != "cuda":
+            raise ValueError("spec.training.precision: fp16 needs a CUDA device; use bf16 or fp32 on CPU")
+        self.raw_model = model.to(world.device)
+        self.dims = Seq2SeqDims.from_hf_config(self.raw_model.config)
+        self.model = self._wrap(self.raw_model)
+        self.pad_id = tokenizer.pad_token_id
+        self.src_len, self.tgt_len = train_corpus.lengths()
+        self.batches_per_epoch = len(self._plan(0))
+        if self.batches_per_epoch == 0:
+            raise ValueError("spec.training.batch: the training data gives no batch for every rank "
+                             f"(world size {world.size}); add data or lower the world size")
+        self.total_steps = t.max_steps or max(1, math.ceil(t.epochs * self.batches_per_epoch / t.gradient_accumulation))
+        self.optimizer = self._optimizer()
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_multiplier(t.schedule, t.warmup_steps, self.total_steps))
+        self.scaler = torch.amp.GradScaler("cuda") if t.precision == "fp16" else None
+        self.peak = peak_flops(torch.cuda.get_device_name(world.device), t.precision) \
+            if world.device.type == "cuda" else None
+        self.stop = StopRequested()
+        ev = spec.evaluation
+        self.eval_interval = ev.interval or spec.checkpoint.interval
+        self.eval_set = validation[: ev.max_samples] if ev.max_samples else validation
+
+    # ---------------------------------------------------------------- set-up
+    def _wrap(self, model):
+        if self.spec.training.compile:
+            model = torch.compile(model)
+        if self.world.distributed:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            ids = [self.world.device.index] if self.world.device.type == "cuda" else None
+            model = DDP(model, device_ids=ids)
+        return model
+
+    def _optimizer(self):
+        t = self.spec.training
+        decay, no_decay = [], []
+        for name, p in self.raw_model.named_parameters():
+            if p.requires_grad:
+                (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
+        groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        kwargs = dict(lr=t.learning_rate, betas=tuple(t.adam_betas), eps=t.adam_eps)
+        if self.world.device.type == "cuda":
+            kwargs["fused"] = True
+        else:
+            kwargs["foreach"] = True
+        return torch.optim.AdamW(groups, **kwargs)
+
+    def _plan(self, epoch: int) -> list[list[int]]:
+        b = self.spec.training.batch
+        plan = batching.plan_epoch(self.src_len, self.tgt_len, seed=self.spec.training.seed, epoch=epoch,
+                                   max_tokens=b.tokens, max_sentences=b.sentences, world_size=self.world.size)
+        return batching.rank_batches(plan, self.world.rank, self.world.size)
+
+    def state_dict(self) -> dict:
+        p = self.pos
+        return {
+            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler else None,
+            "step": p.step, "epoch": p.epoch, "batch": p.batch, "best_bleu": p.best_bleu,
+            "best_step": p.best_step, "last_bleu": p.last_bleu, "total_steps": self.total_steps,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+
+    # ------------------------------------------------------------------ loop
+    def _batches(self):
+        """Endless stream of (epoch, index-in-epoch, batch) from the saved position on."""
+        epoch, start = self.pos.epoch, self.pos.batch
+        pin = self.world.device.type == "cuda"
+        while True:
+            plan = self._plan(epoch)
+            for i, batch in enumerate(batching.iterate(self.corpus, plan, self.pad_id, start, pin), start):
+                yield epoch, i, batch
+            epoch, start = epoch + 1, 0
+
+    def _micro_step(self, batch: dict, accumulate: bool, divisor: int) -> tuple[torch.Tensor, torch.Tensor]:
+        dev = self.world.device
+        input_ids = batch["input_ids"].to(dev, non_blocking=True)
+        attention = batch["attention_mask"].to(dev, non_blocking=True)
+        labels = batch["labels"].to(dev, non_blocking=True)
+        decoder_inputs = self.raw_model.prepare_decoder_input_ids_from_labels(labels=labels)
+        sync = self.model.no_sync() if accumulate and self.world.distributed else contextlib.nullcontext()
+        with sync:
+            with autocast(self.spec.training.precision, dev):
+                logits = self.model(input_ids=input_ids, attention_mask=attention,
+                                    decoder_input_ids=decoder_inputs).logits
+            n_tokens = (labels != IGNORE_INDEX).sum()
+            loss_sum = F.cross_entropy(
+                logits.float().view(-1, logits.size(-1)), labels.view(-1), ignore_index=IGNORE_INDEX,
+                label_smoothing=self.spec.training.label_smoothing, reduction="sum")
+            loss = loss_sum / n_tokens.clamp(min=1)
+            scaled = loss / divisor
+            if self.scaler:
+                scaled = self.scaler.scale(scaled)
+            scaled.backward()
+        return loss.detach(), n_tokens
+
+    def run(self) -> dict:
+        t, world, pos = self.spec.training, self.world, self.pos
+        accum = t.gradient_accumulation
+        self.stop.install()
+        self.telemetry.set_static(total_steps=self.total_steps, world_size=world.size)
+        stream = self._batches()
+        window = torch.zeros(6, dtype=torch.float64)  # loss·n, steps, tokens, target tokens, samples, flops
+        loss_window = torch.zeros((), device=world.device)
+        window_start = time.perf_counter()
+        run_start = time.perf_counter()
+        totals = {"tokens": 0.0, "seconds": 0.0}
+        grad_norm = torch.zeros((), device=world.device)
+        last_record: dict = {}
+        bar = self._progress_bar()
+        self.model.train()
+        stopped_early = False
+        while pos.step < self.total_steps:
+            for micro in range(accum):
+                epoch, index, batch = next(stream)
+                loss, _ = self._micro_step(batch, accumulate=micro < accum - 1, divisor=accum)
+                loss_window += loss / accum
+                src, tgt = batch["source_lengths"], batch["target_lengths"]
+                window[2:] += torch.tensor([float(src.sum() + tgt.sum()), float(tgt.sum()), float(len(src)),
+                                            training_flops(self.dims, src.tolist(), tgt.tolist())], dtype=torch.float64)
+                pos.epoch, pos.batch = epoch, index + 1
+            grad_norm = self._optimizer_step()
+            pos.step += 1
+            window[1] += 1
+            if bar is not None:
+                bar.update(1)
+
+            if pos.step % t.log_interval == 0 or pos.step == self.total_steps:
+                last_record = self._log(window, loss_window, grad_norm, time.perf_counter() - window_start, totals)
+                if bar is not None:
+                    bar.set_postfix(loss=f"{last_record['loss']:.3f}", tok_s=f"{last_record['tokens_per_s']:.0f}",
+                                    bleu="-" if pos.last_bleu is None else f"{pos.last_bleu:.1f}")
+                window.zero_()
+                loss_window.zero_()
+                window_start = time.perf_counter()
+
+            if pos.step % self.eval_interval == 0 and self.eval_set:
+                self._evaluate("validation", self.eval_set)
+            stop_now = self._stop_agreed()
+            if pos.step % self.spec.checkpoint.interval == 0 or pos.step == self.total_steps or stop_now:
+                self._save()
+            if stop_now:
+                stopped_early = True
+                break
+        if bar is not None:
+            bar.close()
+        self.stop.restore()
+        return self._finish(last_record, totals, time.perf_counter() - run_start, stopped_early)
+
+    def _optimizer_step(self) -> torch.Tensor:
+        t = self.spec.training
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        max_norm = t.clip_grad_norm if t.clip_grad_norm is not None else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), max_norm)
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm.detach()
+
+    def _stop_agreed(self) -> bool:
+        """All ranks must stop at the same step; agree by a sum-reduce of the local flags.
+
+        Distributed runs agree only at log intervals: a collective every step
+        would cost a host sync per step.
+        """
+        if not self.world.distributed:
+            return self.stop.flag
+        if self.pos.step % self.spec.training.log_interval:
+            return False
+        flag = torch.tensor([1.0 if self.stop.flag else 0.0], device=self.world.device)
+        all_reduce_sum(self.world, flag)
+        return bool(flag.item() > 0)
+
+    def _log(self, window, loss_window, grad_norm, seconds, totals) -> dict:
+        world, pos = self.world, self.pos
+        w = window.clone()
+        w[0] = float(loss_window.item())
+        reduced = all_reduce_sum(world, w.to(world.device)).cpu()
+        steps = max(1.0, float(window[1]))
+        loss = float(reduced[0]) / world.size / steps
+        tokens, tgt_tokens, samples, flops = (float(x) for x in reduced[2:])
+        totals["tokens"] += tokens
+        totals["seconds"] += seconds
+        flops_per_s = flops / seconds if seconds > 0 else None
+        record = {
+            "step": pos.step,
+            "epoch": round(pos.epoch + pos.batch / max(1, self.batches_per_epoch), 4),
+            "loss": loss,
+            "lr": self.scheduler.get_last_lr()[0],
+            "tokens_per_s": tokens / seconds if seconds > 0 else None,
+            "target_tokens_per_s": tgt_tokens / seconds if seconds > 0 else None,
+            "samples_per_s": samples / seconds if seconds > 0 else None,
+            "grad_norm": float(grad_norm.item()),
+            "flops_per_s": flops_per_s,
+            "mfu": (flops_per_s / (self.peak * world.size)) if (self.peak and flops_per_s) else None,
+            "step_time_s": seconds / steps,
+        }
+        if world.is_main:
+            self.telemetry.log_step(record)
+        return record
+
+    def _evaluate(self, split: str, examples: list[Example]) -> dict:
+        scores, _ = evaluate_examples(self.model, self.tokenizer, examples, self.spec, self.world)
+        record = {"step": self.pos.step, "split": split, **scores}
+        if split == "validation" and scores.get("bleu") is not None:
+            self.pos.last_bleu = scores["bleu"]
+            if self.pos.best_bleu is None or scores["bleu"] > self.pos.best_bleu:
+                self.pos.best_bleu, self.pos.best_step = scores["bleu"], self.pos.step
+        if self.world.is_main:
+            self.telemetry.log_eval(record)
+            log.info("step %d %s BLEU %.2f", self.pos.step, split, scores.get("bleu") or float("nan"))
+        self.model.train()
+        return record
+
+    def _save(self) -> Path:
+        evaluated_now = self.pos.step % self.eval_interval == 0 and bool(self.eval_set)
+        meta = {"epoch": self.pos.epoch, "bleu": self.pos.last_bleu if evaluated_now else None}
+        path = self.checkpoints.save(step=self.pos.step, model=self.raw_model, tokenizer=self.tokenizer,
+                                     trainer_state=self.state_dict(), document_yaml=self.document_yaml, meta=meta)
+        self.telemetry.set_static(last_checkpoint_step=self.pos.step)
+        return path
+
+    def _finish(self, last: dict, totals: dict, wall: float, stopped_early: bool) -> dict:
+        pos = self.pos
+        final_val = test = None
+        if not stopped_early and self.spec.evaluation.at_end:
+            if self.eval_set:
+                already = pos.step % self.eval_interval == 0
+                final_val = {"bleu": pos.last_bleu} if already else self._evaluate("validation", self.eval_set)
+            if self.test:
+                test = self._evaluate("test", self.test)
+        best = self.checkpoints.best()
+        return {
+            "steps": pos.step,
+            "total_steps": self.total_steps,
+            "completed": pos.step >= self.total_steps,
+            "stopped_early": stopped_early,
+            "epochs": round(pos.epoch + pos.batch / max(1, self.batches_per_epoch), 4),
+            "final_loss": last.get("loss"),
+            "final_bleu": (final_val or {}).get("bleu", pos.last_bleu),
+            "best_bleu": pos.best_bleu,
+            "best_step": pos.best_step,
+            "test": test,
+            "wall_seconds": round(wall, 3),
+            "tokens_per_s": totals["tokens"] / totals["seconds"] if totals["seconds"] else None,
+            "world_size": self.world.size,
+            "device": str(self.world.device),
+            "precision": self.spec.training.precision,
+            "latest_checkpoint": str(self.checkpoints.root / f"step-{pos.step:08d}"),
+            "best_checkpoint": str(best) if best else None,
+        }
+
+    def _progress_bar(self):
+        if not (self.progress and self.world.is_main):
+            return None
+        from tqdm.auto import tqdm
+
+        return tqdm(total=self.total_steps, initial=self.pos.step, desc="train", unit="step", dynamic_ncols=True)

@@ -1,0 +1,94 @@
+"""Seq2seq models from `transformers`: pretrained weights, or a from-scratch config.
+
+Nothing here defines layers: a from-scratch `transformer` is a MarianConfig
+(post-norm encoder-decoder of "Attention is all you need" with sinusoidal
+positions and shared embeddings) and `t5` is a T5Config.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from transformers import AutoModelForSeq2SeqLM, MarianConfig, PreTrainedModel, T5Config
+
+from rosetta_trainer.config import ModelSpec
+
+log = logging.getLogger(__name__)
+
+# (d_model, encoder layers, decoder layers, heads, ffn dim); "base" is transformer-base.
+TRANSFORMER_SIZES = {
+    "tiny": (64, 2, 2, 4, 256),
+    "small": (256, 3, 3, 4, 1024),
+    "base": (512, 6, 6, 8, 2048),
+    "big": (1024, 6, 6, 16, 4096),
+}
+# T5 sizes follow the published t5-small/base/large shapes; "big" is t5-large.
+T5_SIZES = {
+    "tiny": (64, 2, 2, 4, 256),
+    "small": (512, 6, 6, 8, 2048),
+    "base": (768, 12, 12, 12, 3072),
+    "big": (1024, 24, 24, 16, 4096),
+}
+
+# The trained tokenizers use T5's special-token layout; the configs must agree.
+PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
+
+
+def _dims(spec: ModelSpec) -> dict:
+    table = T5_SIZES if spec.architecture == "t5" else TRANSFORMER_SIZES
+    d_model, enc, dec, heads, ffn = table[spec.size]
+    return {
+        "d_model": spec.d_model or d_model,
+        "encoder_layers": spec.encoder_layers or enc,
+        "decoder_layers": spec.decoder_layers or dec,
+        "heads": spec.heads or heads,
+        "ffn_dim": spec.ffn_dim or ffn,
+        "dropout": 0.1 if spec.dropout is None else spec.dropout,
+    }
+
+
+def scratch_config(spec: ModelSpec, vocab_size: int, max_length: int):
+    """The transformers config for a from-scratch model."""
+    d = _dims(spec)
+    if d["d_model"] % d["heads"]:
+        raise ValueError(f"spec.model: dModel {d['d_model']} is not divisible by heads {d['heads']}")
+    ids = dict(pad_token_id=PAD_ID, eos_token_id=EOS_ID, decoder_start_token_id=PAD_ID)
+    if spec.architecture == "t5":
+        return T5Config(
+            vocab_size=vocab_size, d_model=d["d_model"], d_kv=d["d_model"] // d["heads"], d_ff=d["ffn_dim"],
+            num_layers=d["encoder_layers"], num_decoder_layers=d["decoder_layers"], num_heads=d["heads"],
+            dropout_rate=d["dropout"], feed_forward_proj="relu", tie_word_embeddings=True, **ids,
+        )
+    return MarianConfig(
+        vocab_size=vocab_size, decoder_vocab_size=vocab_size, d_model=d["d_model"],
+        encoder_layers=d["encoder_layers"], decoder_layers=d["decoder_layers"],
+        encoder_attention_heads=d["heads"], decoder_attention_heads=d["heads"],
+        encoder_ffn_dim=d["ffn_dim"], decoder_ffn_dim=d["ffn_dim"],
+        max_position_embeddings=spec.max_positions or max(512, max_length + 2),
+        dropout=d["dropout"], attention_dropout=0.0, activation_dropout=0.0, activation_function="relu",
+        scale_embedding=True, share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
+        forced_eos_token_id=EOS_ID, **ids,
+    )
+
+
+def build_model(spec: ModelSpec, vocab_size: int, max_length: int) -> PreTrainedModel:
+    """A fresh model (weights from the current torch RNG) or pretrained weights."""
+    if spec.name is not None:
+        return load_pretrained(spec.name, spec.attention)
+    config = scratch_config(spec, vocab_size, max_length)
+    return AutoModelForSeq2SeqLM.from_config(config, attn_implementation=spec.attention)
+
+
+def load_pretrained(name_or_path: str, attention: str = "sdpa") -> PreTrainedModel:
+    try:
+        return AutoModelForSeq2SeqLM.from_pretrained(name_or_path, attn_implementation=attention)
+    except ValueError as exc:
+        # Older architectures without an SDPA path: fall back rather than refuse to train.
+        if attention != "sdpa" or "sdpa" not in str(exc).lower():
+            raise
+        log.warning("%s does not support SDPA attention; using eager attention", name_or_path)
+        return AutoModelForSeq2SeqLM.from_pretrained(name_or_path, attn_implementation="eager")
+
+
+def count_parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,159 @@
+"""Where a run reports: metrics.jsonl, eval.jsonl, summary.json, TensorBoard and Prometheus.
+
+Only rank 0 reports. The same figures go to every sink so that a dashboard, a
+script reading the JSON lines and TensorBoard never disagree.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+PREFIX = "rosetta_"
+
+
+def _clean(value):
+    """JSON has no NaN/inf: write null instead of an invalid document."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+def truncate_jsonl(path: Path, after_step: int) -> None:
+    """Drop lines logged after `after_step`: a resumed run will log those steps again."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines()
+            if line.strip() and json.loads(line).get("step", 0) <= after_step]
+    path.write_text("".join(line + "\n" for line in kept))
+
+
+class Telemetry:
+    def __init__(self, output: Path, *, name: str, namespace: str | None, port: int, tensorboard: bool,
+                 enabled: bool, resumed_step: int = 0):
+        self.enabled = enabled
+        self.output = output
+        self.metrics_path = output / "metrics.jsonl"
+        self.eval_path = output / "eval.jsonl"
+        self._tb = None
+        self._gauges = {}
+        self.port = None
+        if not enabled:
+            return
+        output.mkdir(parents=True, exist_ok=True)
+        for path in (self.metrics_path, self.eval_path):
+            truncate_jsonl(path, resumed_step) if resumed_step else path.unlink(missing_ok=True)
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(output / "tensorboard"), purge_step=resumed_step + 1)
+        if port:
+            self._start_prometheus(port, name, namespace or "")
+
+    # ------------------------------------------------------------- Prometheus
+    def _start_prometheus(self, port: int, name: str, namespace: str) -> None:
+        from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+        self.registry = CollectorRegistry()
+        labels = {"training": name, "namespace": namespace}
+        specs = {
+            "step": "Optimizer steps taken",
+            "total_steps": "Optimizer steps planned",
+            "epoch": "Fractional epoch",
+            "loss": "Training loss (label-smoothed cross-entropy per target token)",
+            "learning_rate": "Current learning rate",
+            "tokens_per_second": "Training tokens (source+target, no padding) per second, all ranks",
+            "samples_per_second": "Sentence pairs per second, all ranks",
+            "grad_norm": "Gradient norm before clipping",
+            "mfu": "Model FLOPs utilisation (0-1) against the accelerator's peak",
+            "flops_per_second": "Achieved model FLOP/s, all ranks",
+            "step_seconds": "Mean wall seconds per optimizer step",
+            "last_checkpoint_step": "Step of the newest complete checkpoint",
+            "world_size": "Processes in the run",
+        }
+        for key, doc in specs.items():
+            g = Gauge(PREFIX + key, doc, list(labels), registry=self.registry)
+            self._gauges[key] = g.labels(**labels)
+        for key, doc in {"eval_bleu": "Validation BLEU", "eval_chrf": "Validation chrF",
+                         "eval_gender_gap_bleu": "Masculine minus feminine BLEU (MT-GenEval)"}.items():
+            self._gauges[key] = (Gauge(PREFIX + key, doc, [*labels, "lang"], registry=self.registry), labels)
+        server, _thread = start_http_server(port, addr="0.0.0.0", registry=self.registry)
+        self._server = server
+        self.port = server.server_port
+        log.info("metrics on :%d/metrics", self.port)
+
+    def _set(self, key: str, value) -> None:
+        g = self._gauges.get(key)
+        if g is not None and value is not None and not isinstance(g, tuple):
+            g.set(value)
+
+    # ------------------------------------------------------------------ sinks
+    def log_step(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        with self.metrics_path.open("a") as fh:
+            fh.write(json.dumps(_clean(record)) + "\n")
+        step = record["step"]
+        if self._tb is not None:
+            for key, tag in (("loss", "loss/train"), ("lr", "optim/lr"), ("grad_norm", "optim/grad_norm"),
+                             ("tokens_per_s", "throughput/tokens_per_s"), ("samples_per_s", "throughput/samples_per_s"),
+                             ("mfu", "throughput/mfu")):
+                if record.get(key) is not None:
+                    self._tb.add_scalar(tag, record[key], step)
+        for key, field in (("step", "step"), ("epoch", "epoch"), ("loss", "loss"), ("learning_rate", "lr"),
+                           ("tokens_per_second", "tokens_per_s"), ("samples_per_second", "samples_per_s"),
+                           ("grad_norm", "grad_norm"), ("mfu", "mfu"), ("flops_per_second", "flops_per_s"),
+                           ("step_seconds", "step_time_s")):
+            self._set(key, record.get(field))
+
+    def log_eval(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        with self.eval_path.open("a") as fh:
+            fh.write(json.dumps(_clean(record)) + "\n")
+        step = record["step"]
+        split = record.get("split", "validation")
+        if self._tb is not None:
+            for metric in ("bleu", "chrf"):
+                if record.get(metric) is not None:
+                    self._tb.add_scalar(f"{split}/{metric}", record[metric], step)
+            for lang, s in record.get("langs", {}).items():
+                for metric in ("bleu", "chrf"):
+                    if s.get(metric) is not None:
+                        self._tb.add_scalar(f"{split}/{metric}_{lang}", s[metric], step)
+        if split == "validation":
+            for lang, s in record.get("langs", {}).items():
+                for metric, key in (("bleu", "eval_bleu"), ("chrf", "eval_chrf")):
+                    if key in self._gauges and s.get(metric) is not None:
+                        gauge, labels = self._gauges[key]
+                        gauge.labels(**labels, lang=lang).set(s[metric])
+                gap = s.get("gender", {}).get("gender_gap_bleu")
+                if "eval_gender_gap_bleu" in self._gauges and gap is not None:
+                    gauge, labels = self._gauges["eval_gender_gap_bleu"]
+                    gauge.labels(**labels, lang=lang).set(gap)
+
+    def set_static(self, **values) -> None:
+        for key, value in values.items():
+            self._set(key, value)
+
+    def write_summary(self, summary: dict) -> Path | None:
+        if not self.enabled:
+            return None
+        path = self.output / "summary.json"
+        path.write_text(json.dumps(_clean(summary), indent=2) + "\n")
+        return path
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+        server = getattr(self, "_server", None)
+        if server is not None:
+            server.shutdown()
