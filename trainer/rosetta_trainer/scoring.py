@@ -1,0 +1,262 @@
+"""Translation quality scores: sacreBLEU BLEU and chrF, MT-GenEval gender metrics.
+
+Torch-free, and on plain lists of strings, so the evaluator, the CLI and the
+tests can all call it.
+
+Every score is on sacreBLEU's 0-100 scale and comes with sacreBLEU's own
+signature string, so a number in metrics.jsonl can be reproduced with
+`sacrebleu -tok ... ` and compared with published results.
+"""
+
+from __future__ import annotations
+
+import functools
+import unicodedata
+from collections import defaultdict
+from typing import Iterable, Sequence
+
+import regex  # sacreBLEU's own dependency; unlike re it has \p{M}
+from sacrebleu.metrics import BLEU, CHRF
+
+METRICS = ("bleu", "chrf")
+GENDERS = ("feminine", "masculine")
+
+
+# ----------------------------------------------------------------- BLEU / chrF
+
+
+@functools.lru_cache(maxsize=None)
+def _tokenizer_available(name: str) -> bool:
+    try:
+        BLEU(tokenize=name)
+    except (ImportError, RuntimeError):  # sacreBLEU raises RuntimeError for missing MeCab
+        return False
+    return True
+
+
+def base_language(lang: str) -> str:
+    """'pt-BR', 'zh_Hant' -> 'pt', 'zh'."""
+    return regex.split(r"[-_]", lang or "", maxsplit=1)[0].lower()
+
+
+def bleu_tokenizer(target_lang: str) -> str:
+    """The sacreBLEU tokenizer for BLEU in this target language.
+
+    13a (sacreBLEU's default, and what WMT results use) for languages written
+    with spaces. Chinese gets sacreBLEU's "zh" tokenizer. Japanese and Korean
+    get sacreBLEU's MeCab tokenizers when `sacrebleu[ja]` / `sacrebleu[ko]` are
+    installed; otherwise Japanese falls back to "char" (it has no spaces, so
+    13a would score whole clauses as single words) and Korean to 13a (it does
+    separate words with spaces). The choice is always in the signature.
+    """
+    lang = base_language(target_lang)
+    if lang == "zh":
+        return "zh"
+    if lang == "ja":
+        return "ja-mecab" if _tokenizer_available("ja-mecab") else "char"
+    if lang == "ko":
+        return "ko-mecab" if _tokenizer_available("ko-mecab") else "13a"
+    return "13a"
+
+
+def _check_parallel(**lists: Sequence) -> int:
+    lengths = {name: len(values) for name, values in lists.items()}
+    if len(set(lengths.values())) > 1:
+        raise ValueError(f"lists must have equal lengths, got {lengths}")
+    return next(iter(lengths.values()))
+
+
+def corpus_scores(
+    hypotheses: Sequence[str],
+    references: Sequence[str],
+    target_lang: str,
+    metrics: Iterable[str] = METRICS,
+) -> dict:
+    """Corpus BLEU and chrF (one reference per hypothesis) with their signatures.
+
+    Returns e.g. {"bleu": 27.3, "bleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|...",
+    "chrf": 55.1, "chrf_signature": "nrefs:1|case:mixed|eff:yes|nc:6|nw:0|...", "n": 500}.
+    chrF is sacreBLEU's default chrF2 (character 6-grams, no word n-grams).
+    "gender" in `metrics` is accepted and ignored: see gender_scores.
+    With no sentences, scores are None.
+    """
+    n = _check_parallel(hypotheses=hypotheses, references=references)
+    wanted = [m for m in metrics if m != "gender"]
+    unknown = sorted(set(wanted) - set(METRICS))
+    if unknown:
+        raise ValueError(f"unknown metrics {unknown}; known: {list(METRICS)} (and 'gender')")
+    out: dict = {"n": n}
+    hyps, refs = list(hypotheses), [list(references)]
+    for name in wanted:
+        metric = BLEU(tokenize=bleu_tokenizer(target_lang)) if name == "bleu" else CHRF()
+        # sacreBLEU fails with IndexError on an empty corpus.
+        out[name] = metric.corpus_score(hyps, refs).score if n else None
+        out[f"{name}_signature"] = str(metric.get_signature()) if n else None
+    return out
+
+
+# --------------------------------------------------------------- gender metrics
+
+# Marks (\p{M}) belong to words: re's \w would split Hindi or decomposed accents.
+_WORD = regex.compile(r"[\p{L}\p{M}\p{N}]+")
+
+
+def gender_words(text: str) -> set[str]:
+    """Lowercased words of a sentence, punctuation dropped (MT-GenEval style)."""
+    return set(_WORD.findall(unicodedata.normalize("NFC", text).lower()))
+
+
+def gender_correct(hypothesis: str, reference: str, counterfactual: str) -> bool:
+    """False when the hypothesis uses a word only the other-gender reference has.
+
+    Follows MT-GenEval's accuracy_metric.py (amazon-science/machine-translation-
+    gender-eval): both references are reduced to word sets, the words unique
+    to the counterfactual (its set minus the reference's set) are the
+    wrong-gender words, and a hypothesis containing any of them is incorrect;
+    otherwise (including a hypothesis with neither gender's words) it is
+    correct. The one difference is tokenisation: the official script replaces
+    ASCII punctuation with spaces and splits on whitespace, so non-ASCII
+    punctuation („“ « » ¿ ¡ and typographic apostrophes) stays glued to words
+    there; here a word is a run of Unicode letters, marks and digits (after NFC
+    normalisation), so "l’avocate" and "l'avocate" both yield "avocate". On
+    MT-GenEval's references, which use ASCII punctuation, the two agree.
+    """
+    wrong = gender_words(counterfactual) - gender_words(reference)
+    return not (gender_words(hypothesis) & wrong)
+
+
+def _normalise_gender(gender: str) -> str:
+    g = gender.lower()
+    aliases = {"f": "feminine", "female": "feminine", "m": "masculine", "male": "masculine"}
+    g = aliases.get(g, g)
+    if g not in GENDERS:
+        raise ValueError(f"gender must be one of {GENDERS}, got {gender!r}")
+    return g
+
+
+def _percent(part: int, whole: int) -> float | None:
+    return 100.0 * part / whole if whole else None
+
+
+def _gap(scores: dict, metric: str) -> float | None:
+    fem, masc = scores[f"{metric}_feminine"], scores[f"{metric}_masculine"]
+    return None if fem is None or masc is None else masc - fem
+
+
+def gender_scores(
+    hypotheses: Sequence[str],
+    references: Sequence[str],
+    genders: Sequence[str | None],
+    counterfactuals: Sequence[str | None],
+    target_lang: str,
+) -> dict:
+    """MT-GenEval metrics (Currey et al., EMNLP 2022) for counterfactual pairs.
+
+    For pair i, `references[i]` is the reference in the gender `genders[i]`
+    ("feminine"/"masculine") and `counterfactuals[i]` the other-gender
+    reference of the same sentence. Items whose gender is None (a non-gendered
+    corpus mixed in) are skipped.
+
+    Returns, per gender g: "bleu_<g>" (corpus BLEU of that subset, tokenizer as
+    in corpus_scores), "accuracy_<g>" (percent of hypotheses with no
+    wrong-gender word, see gender_correct), "count_<g>", "correct_<g>"; and
+    "accuracy" over both, "gender_gap_bleu" and "gender_gap_accuracy"
+    (masculine minus feminine: positive means the model favours masculine),
+    "bleu_signature". A gender with no items has None scores, and so do gaps.
+    """
+    _check_parallel(hypotheses=hypotheses, references=references, genders=genders,
+                    counterfactuals=counterfactuals)
+    groups: dict[str, list[tuple[str, str, str]]] = {g: [] for g in GENDERS}
+    for hyp, ref, gender, cf in zip(hypotheses, references, genders, counterfactuals):
+        if gender is None:
+            continue
+        if cf is None:
+            raise ValueError(f"a {gender} item has no counterfactual reference: {ref!r}")
+        groups[_normalise_gender(gender)].append((hyp, ref, cf))
+
+    out: dict = {}
+    signature = None
+    for gender, items in groups.items():
+        hyps = [h for h, _, _ in items]
+        refs = [r for _, r, _ in items]
+        correct = sum(gender_correct(h, r, cf) for h, r, cf in items)
+        bleu = corpus_scores(hyps, refs, target_lang, metrics=("bleu",))
+        signature = signature or bleu["bleu_signature"]
+        out[f"bleu_{gender}"] = bleu["bleu"]
+        out[f"accuracy_{gender}"] = _percent(correct, len(items))
+        out[f"count_{gender}"] = len(items)
+        out[f"correct_{gender}"] = correct
+    out["accuracy"] = _percent(
+        sum(out[f"correct_{g}"] for g in GENDERS), sum(out[f"count_{g}"] for g in GENDERS)
+    )
+    out["gender_gap_bleu"] = _gap(out, "bleu")
+    out["gender_gap_accuracy"] = _gap(out, "accuracy")
+    out["bleu_signature"] = signature
+    return out
+
+
+# ---------------------------------------------------------------- per language
+
+
+def _mean(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def per_language_scores(
+    hypotheses: Sequence[str],
+    references: Sequence[str],
+    target_langs: Sequence[str],
+    metrics: Iterable[str] = (*METRICS, "gender"),
+    genders: Sequence[str | None] | None = None,
+    counterfactuals: Sequence[str | None] | None = None,
+) -> dict:
+    """Scores per target language and overall, for a multilingual evaluation set.
+
+    Returns {"overall": {...}, "by_language": {"de": {...}, "fr": {...}}}, where each
+    language's dict is corpus_scores (plus gender_scores under "gender" when
+    "gender" is in `metrics`, `genders` is given and the language has gendered
+    items). Each language is scored with its own BLEU tokenizer, so "overall"
+    is not a corpus score over the concatenation (which would mix tokenizers):
+    every score in it is the unweighted mean over languages, so each language
+    counts the same however many sentences it has, and counts are summed.
+    Signatures stay per language.
+    """
+    metrics = tuple(metrics)
+    n = _check_parallel(hypotheses=hypotheses, references=references, target_langs=target_langs)
+    if genders is not None or counterfactuals is not None:
+        if genders is None or counterfactuals is None:
+            raise ValueError("pass both genders and counterfactuals, or neither")
+        _check_parallel(hypotheses=hypotheses, genders=genders, counterfactuals=counterfactuals)
+
+    indices: dict[str, list[int]] = defaultdict(list)
+    for i, lang in enumerate(target_langs):
+        indices[lang].append(i)
+
+    by_language: dict[str, dict] = {}
+    for lang in sorted(indices):
+        idx = indices[lang]
+        hyps = [hypotheses[i] for i in idx]
+        refs = [references[i] for i in idx]
+        scores = corpus_scores(hyps, refs, lang, metrics)
+        if "gender" in metrics and genders is not None:
+            lang_genders = [genders[i] for i in idx]
+            if any(g is not None for g in lang_genders):
+                scores["gender"] = gender_scores(
+                    hyps, refs, lang_genders, [counterfactuals[i] for i in idx], lang
+                )
+        by_language[lang] = scores
+
+    overall: dict = {"n": n, "languages": len(by_language)}
+    langs = list(by_language.values())
+    for name in metrics:
+        if name != "gender":
+            overall[name] = _mean([s[name] for s in langs])
+    gendered = [s["gender"] for s in langs if "gender" in s]
+    if gendered:
+        overall["gender"] = {
+            key: (sum(g[key] for g in gendered) if key.startswith(("count_", "correct_"))
+                  else _mean([g[key] for g in gendered]))
+            for key in gendered[0] if key != "bleu_signature"
+        }
+    return {"overall": overall, "by_language": by_language}
