@@ -124,7 +124,10 @@ def iterate(corpus: EncodedCorpus, batches: list[list[int]], pad_id: int, start:
     remaining = BatchLoader(corpus, batches[start:], pad_id)
     if not len(remaining):
         return iter(())
+    # A DataLoader draws its workers' base seed from the global RNG when it starts an iterator,
+    # unless it has its own generator. That draw would shift dropout masks after a resume (the
+    # iterator starts at a different point in the RNG stream), breaking exact continuation.
     return iter(torch.utils.data.DataLoader(
         remaining, batch_size=None, shuffle=False, num_workers=1, prefetch_factor=4,
-        pin_memory=pin_memory, persistent_workers=False,
+        pin_memory=pin_memory, persistent_workers=False, generator=torch.Generator(),
     ))

@@ -303,7 +303,8 @@ class Trainer:
                 self.pos.best_bleu, self.pos.best_step = scores["bleu"], self.pos.step
         if self.world.is_main:
             self.telemetry.log_eval(record)
-            log.info("step %d %s BLEU %.2f", self.pos.step, split, scores.get("bleu") or float("nan"))
+            bleu = scores.get("bleu")
+            log.info("step %d %s BLEU %s", self.pos.step, split, "-" if bleu is None else f"{bleu:.2f}")
         self.model.train()
         return record
 

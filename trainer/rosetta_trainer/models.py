@@ -81,13 +81,25 @@ def build_model(spec: ModelSpec, vocab_size: int, max_length: int) -> PreTrained
 
 def load_pretrained(name_or_path: str, attention: str = "sdpa") -> PreTrainedModel:
     try:
-        return AutoModelForSeq2SeqLM.from_pretrained(name_or_path, attn_implementation=attention)
+        model = AutoModelForSeq2SeqLM.from_pretrained(name_or_path, attn_implementation=attention)
     except ValueError as exc:
         # Older architectures without an SDPA path: fall back rather than refuse to train.
         if attention != "sdpa" or "sdpa" not in str(exc).lower():
             raise
         log.warning("%s does not support SDPA attention; using eager attention", name_or_path)
-        return AutoModelForSeq2SeqLM.from_pretrained(name_or_path, attn_implementation="eager")
+        model = AutoModelForSeq2SeqLM.from_pretrained(name_or_path, attn_implementation="eager")
+    _freeze_fixed_positions(model)
+    return model
+
+
+def _freeze_fixed_positions(model: PreTrainedModel) -> None:
+    # Sinusoidal position tables are constants that from_config creates frozen, but loading
+    # them back makes them trainable again: AdamW would then update them after a resume (and
+    # the optimizer state saved before it no longer matches the parameter groups).
+    for module in model.modules():
+        if "Sinusoidal" in type(module).__name__:
+            for param in module.parameters(recurse=False):
+                param.requires_grad_(False)
 
 
 def count_parameters(model) -> int:

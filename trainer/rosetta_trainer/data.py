@@ -1,0 +1,304 @@
+"""Read the corpora named in `spec.data` into `Example`s, one reader per `DataSource.format`.
+
+    pairs      line-aligned source/target files; .gz is read transparently
+    tsv, csv   one file (.gz allowed) with a header row; columns sourceColumn/targetColumn/langColumn.
+               tsv splits on tabs with no quoting (MT corpora are full of stray quotes); csv uses
+               standard CSV quoting, so fields may hold commas, quotes and newlines
+    jsonl      one JSON object per line with the fields sourceColumn/targetColumn/langColumn
+    mtgeneval  an MT-GenEval directory: geneval-sentences-{feminine,masculine}-{split}.en_XX.{en,XX}
+    generated  the built-in demo corpus (rosetta_trainer.corpus)
+
+Relative paths are resolved against the current working directory (for a pod, the container's
+workingDir), not against the YAML file.
+
+The target language of each example is the source's `targetLang`, else the row's `langColumn`
+value (rows naming a language outside `targetLangs` are skipped), else the single entry of
+`targetLangs`. `limit` caps the examples one source yields; a source that covers several
+languages (mtgeneval, generated) splits that cap evenly between them.
+
+Torch-free: the operator and the docs tooling import it.
+"""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import gzip
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from itertools import zip_longest
+from typing import Iterator, Literal
+
+from . import corpus
+from .config import DataSource, DataSpec, task_prefix
+
+GENDERS = ("feminine", "masculine")
+
+
+class DataError(ValueError):
+    """A corpus that cannot be read as configured; the message names the file (and line)."""
+
+
+@dataclass(frozen=True)
+class Example:
+    source: str
+    target: str
+    target_lang: str
+    # MT-GenEval only: the gender of this reference, the other gender's reference for the same
+    # source line, and that line's index, so evaluation can score per gender and pair up both.
+    gender: str | None = None
+    counterfactual: str | None = None
+    pair_id: int | None = None
+
+
+def with_prefix(example: Example, source_lang: str, use_prefix: bool) -> str:
+    """The model input: the source text, behind a T5 task prefix when `use_prefix`."""
+    if not use_prefix:
+        return example.source
+    return task_prefix(source_lang, example.target_lang) + example.source
+
+
+def read_split(data: DataSpec, split: Literal["train", "validation", "test"]) -> list[Example]:
+    """Every example of one split, source after source in the order of the spec."""
+    if split not in ("train", "validation", "test"):
+        raise ValueError(f"split must be train, validation or test, not {split!r}")
+    out: list[Example] = []
+    for src in getattr(data, split):
+        out.extend(read_source(src, data))
+    return out
+
+
+def read_source(src: DataSource, data: DataSpec) -> list[Example]:
+    """The examples of one DataSource, at most `src.limit` of them."""
+    reader = _READERS[src.format]
+    return reader(src, data)
+
+
+# ------------------------------------------------------------------------ helpers
+
+
+def _path(name: str) -> Path:
+    path = Path(name).expanduser()
+    if not path.exists():
+        raise DataError(f"{name}: no such file or directory (relative paths are read from {Path.cwd()})")
+    return path
+
+
+def _raw_lines(path: Path) -> Iterator[str]:
+    """Decoded lines with their terminators; errors name the file and the exact line."""
+    # Binary iteration splits on b"\n" only: a stray \r inside a sentence (common in crawled
+    # corpora) must not split it and shift every later line of a line-aligned pair. Decoding
+    # line by line is also what makes the line number of a bad byte exact.
+    opener = gzip.open if path.name.endswith(".gz") else open
+    try:
+        with opener(path, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
+                    raw = raw[len(codecs.BOM_UTF8):]
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise DataError(f"{path}:{lineno}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+                yield line
+    except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError
+        raise DataError(f"{path}: cannot read: {exc}") from None
+
+
+def _lines(path: Path) -> Iterator[str]:
+    return (line.rstrip("\r\n") for line in _raw_lines(path))
+
+
+def _read_all(path: Path) -> list[str]:
+    return list(_lines(path))
+
+
+def _single_lang(src: DataSource, data: DataSpec, where: str) -> str:
+    if src.target_lang is not None:
+        return src.target_lang
+    if len(data.target_langs) == 1:
+        return data.target_langs[0]
+    raise DataError(
+        f"{where}: cannot tell the target language; set targetLang or langColumn "
+        f"(targetLangs has {', '.join(data.target_langs)})"
+    )
+
+
+def _quotas(limit: int | None, n: int) -> list[int | None]:
+    """`limit` shared out between n languages, the remainder going to the first ones."""
+    if limit is None:
+        return [None] * n
+    share, extra = divmod(limit, n)
+    return [share + (i < extra) for i in range(n)]
+
+
+def _source_langs(src: DataSource, data: DataSpec) -> list[str]:
+    return [src.target_lang] if src.target_lang is not None else list(data.target_langs)
+
+
+# ------------------------------------------------------------------------ readers
+
+
+def _read_pairs(src: DataSource, data: DataSpec) -> list[Example]:
+    source_path, target_path = _path(src.source), _path(src.target)
+    lang = _single_lang(src, data, src.source)
+    sources, targets = _lines(source_path), _lines(target_path)
+    out: list[Example] = []
+    try:
+        # With a limit only the lines read are checked, so a quick run on the head of a huge
+        # corpus does not pay for counting the rest of it.
+        for s, t in zip_longest(sources, targets):
+            if s is None or t is None:
+                n_source = len(out) + (s is not None) + sum(1 for _ in sources)
+                n_target = len(out) + (t is not None) + sum(1 for _ in targets)
+                raise DataError(
+                    f"line counts differ: {src.source} has {n_source} lines, {src.target} has {n_target}"
+                )
+            if src.limit is not None and len(out) == src.limit:
+                break
+            out.append(Example(s, t, lang))
+    finally:
+        sources.close()
+        targets.close()
+    return out
+
+
+def _read_table(src: DataSource, data: DataSpec) -> list[Example]:
+    path = _path(src.path)
+    if src.format == "tsv":
+        dialect = dict(delimiter="\t", quoting=csv.QUOTE_NONE)
+    else:
+        dialect = dict(delimiter=",", quotechar='"', doublequote=True, strict=True)
+    lines = _raw_lines(path)
+    reader = csv.reader(lines, **dialect)
+    out: list[Example] = []
+    try:
+        header = [name.strip() for name in next(reader, [])]
+        if not header:
+            raise DataError(f"{src.path}: empty file, expected a header row")
+        wanted = [src.source_column, src.target_column] + ([src.lang_column] if src.lang_column else [])
+        missing = [name for name in wanted if name not in header]
+        if missing:
+            raise DataError(
+                f"{src.path}: no column {', '.join(map(repr, missing))}; "
+                f"the header has {', '.join(map(repr, header))}"
+            )
+        s_i, t_i = header.index(src.source_column), header.index(src.target_column)
+        l_i = header.index(src.lang_column) if src.lang_column and not src.target_lang else None
+        fixed = None if l_i is not None else _single_lang(src, data, src.path)
+        for row in reader:
+            if src.limit is not None and len(out) == src.limit:
+                break
+            if not row or row == [""]:
+                continue  # a blank line, typically the last one
+            if len(row) != len(header):
+                raise DataError(f"{src.path}:{reader.line_num}: {len(row)} fields, the header has {len(header)}")
+            lang = fixed or row[l_i].strip()
+            if lang in data.target_langs:
+                out.append(Example(row[s_i], row[t_i], lang))
+    except csv.Error as exc:
+        raise DataError(f"{src.path}:{reader.line_num}: {exc}") from None
+    finally:
+        lines.close()
+    if not out and fixed is None:
+        raise DataError(f"{src.path}: no row has a {src.lang_column!r} in targetLangs {data.target_langs}")
+    return out
+
+
+def _read_jsonl(src: DataSource, data: DataSpec) -> list[Example]:
+    path = _path(src.path)
+    fixed = None if src.lang_column and not src.target_lang else _single_lang(src, data, src.path)
+    fields = [src.source_column, src.target_column] + ([] if fixed else [src.lang_column])
+    out: list[Example] = []
+    for lineno, line in enumerate(_lines(path), 1):
+        if src.limit is not None and len(out) == src.limit:
+            break
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{src.path}:{lineno}: invalid JSON: {exc.msg} (column {exc.colno})") from None
+        if not isinstance(obj, dict):
+            raise DataError(f"{src.path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+        for name in fields:
+            if name not in obj:
+                raise DataError(
+                    f"{src.path}:{lineno}: no field {name!r}; the object has {', '.join(map(repr, obj)) or 'none'}"
+                )
+            if not isinstance(obj[name], str):
+                raise DataError(f"{src.path}:{lineno}: field {name!r} is {type(obj[name]).__name__}, not a string")
+        lang = fixed or obj[src.lang_column].strip()
+        if lang in data.target_langs:
+            out.append(Example(obj[src.source_column], obj[src.target_column], lang))
+    if not out and not fixed:
+        raise DataError(f"{src.path}: no line has a {src.lang_column!r} in targetLangs {data.target_langs}")
+    return out
+
+
+def _mtgeneval_files(root: Path, split: str, lang: str) -> dict[tuple[str, str], Path]:
+    return {
+        (gender, side): root / f"geneval-sentences-{gender}-{split}.en_{lang}.{'en' if side == 'source' else lang}"
+        for gender in GENDERS
+        for side in ("source", "target")
+    }
+
+
+def _read_mtgeneval(src: DataSource, data: DataSpec) -> list[Example]:
+    root = _path(src.path)
+    if not root.is_dir():
+        raise DataError(f"{src.path}: mtgeneval needs the MT-GenEval directory, not a file")
+    if data.source_lang != "en":
+        raise DataError(f"{src.path}: MT-GenEval translates from English, but sourceLang is '{data.source_lang}'")
+    langs = _source_langs(src, data)
+    present = [lang for lang in langs if any(p.exists() for p in _mtgeneval_files(root, src.split, lang).values())]
+    if not present:
+        pattern = f"geneval-sentences-{{feminine,masculine}}-{src.split}.en_XX.{{en,XX}}"
+        raise DataError(f"{src.path}: no {pattern} files for any of {', '.join(langs)}")
+    out: list[Example] = []
+    for lang, quota in zip(present, _quotas(src.limit, len(present))):
+        files = _mtgeneval_files(root, src.split, lang)
+        absent = [str(p) for p in files.values() if not p.exists()]
+        if absent:
+            raise DataError(f"MT-GenEval {src.split} for '{lang}' is incomplete: missing {', '.join(absent)}")
+        text = {key: _read_all(path) for key, path in files.items()}
+        counts = {len(lines) for lines in text.values()}
+        if len(counts) != 1:
+            listing = ", ".join(f"{files[key].name} has {len(lines)}" for key, lines in text.items())
+            raise DataError(f"MT-GenEval line counts differ for '{lang}': {listing}")
+        per_lang: list[Example] = []
+        for i in range(counts.pop()):
+            # Both genders of a line sit next to each other, so a limit keeps pairs whole.
+            for gender, other in (GENDERS, GENDERS[::-1]):
+                per_lang.append(Example(
+                    source=text[gender, "source"][i], target=text[gender, "target"][i], target_lang=lang,
+                    gender=gender, counterfactual=text[other, "target"][i], pair_id=i,
+                ))
+        out.extend(per_lang[:quota])
+    return out
+
+
+def _read_generated(src: DataSource, data: DataSpec) -> list[Example]:
+    supported = ", ".join(corpus.SUPPORTED_LANGS)
+    if data.source_lang != corpus.SOURCE_LANG:
+        raise DataError(f"the generated corpus translates from '{corpus.SOURCE_LANG}', "
+                        f"but sourceLang is '{data.source_lang}'")
+    langs = [lang for lang in _source_langs(src, data) if lang in corpus.SUPPORTED_LANGS]
+    if not langs:
+        wanted = ", ".join(_source_langs(src, data))
+        raise DataError(f"the generated corpus has none of {wanted}; it supports {supported}")
+    out: list[Example] = []
+    for lang, quota in zip(langs, _quotas(src.limit, len(langs))):
+        size = src.size if quota is None else min(src.size, quota)
+        out.extend(Example(s, t, lang) for s, t in corpus.generate_pairs(lang, size, src.seed))
+    return out
+
+
+_READERS = {
+    "pairs": _read_pairs,
+    "tsv": _read_table,
+    "csv": _read_table,
+    "jsonl": _read_jsonl,
+    "mtgeneval": _read_mtgeneval,
+    "generated": _read_generated,
+}

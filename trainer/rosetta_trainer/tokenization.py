@@ -1,0 +1,136 @@
+"""Train a subword tokenizer on the training data, or load an existing one.
+
+A trained tokenizer follows T5's conventions, which the from-scratch model configs rely on
+(models.PAD_ID/EOS_ID/UNK_ID): ids 0, 1, 2 are "<pad>", "</s>", "<unk>", and every encoded
+sequence ends in "</s>". NFKC normalisation and the Metaspace ("▁") pre-tokenizer and decoder
+make `decode(encode(text))` give back the (NFKC-normalised) text with its spaces.
+
+It is saved with `save_pretrained`, so `load_tokenizer(out_dir)`, plain
+`AutoTokenizer.from_pretrained(out_dir)` and the exported model directory all see the same
+tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Iterable
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+from .config import TokenizerTraining
+
+PAD, EOS, UNK = "<pad>", "</s>", "<unk>"
+# The order is the ids: the trainers give special tokens the first ids, in this order.
+SPECIAL_TOKENS = (PAD, EOS, UNK)
+PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
+_SUBSAMPLE_SEED = 0
+
+
+def _subsample(items: list, k: int | None) -> list:
+    """At most k items, chosen with a fixed seed and kept in their original order."""
+    if k is None or len(items) <= k:
+        return items
+    keep = sorted(random.Random(_SUBSAMPLE_SEED).sample(range(len(items)), k))
+    return [items[i] for i in keep]
+
+
+def _sentences(texts: Iterable[str | tuple[str, str]], max_sentences: int | None) -> list[str]:
+    items = list(texts)
+    items = _subsample(items, max_sentences)
+    out: list[str] = []
+    for item in items:
+        if isinstance(item, str):
+            out.append(item)
+        else:
+            out.extend(item)
+    return out
+
+
+def _train_unigram(spec: TokenizerTraining, sentences: list[str], normalizer, pre_tokenizer) -> models.Unigram:
+    # The tokenizers Unigram trainer takes its seed pieces from a suffix array over the
+    # *distinct* words, so a frequent word that is not part of any other word ("▁gibt") is
+    # never a candidate and ends up spelt letter by letter. Feeding every distinct word once
+    # more, doubled ("▁gibt▁gibt"), makes each word a candidate. Pieces born across that seam
+    # contain an inner "▁", can never match a pre-tokenized word, and are dropped afterwards.
+    words: list[str] = []
+    distinct: set[str] = set()
+    for sentence in sentences:
+        pieces = [w for w, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(sentence))]
+        words.extend(pieces)
+        distinct.update(pieces)
+    words.extend(w + w for w in sorted(distinct))
+    # No normalizer or pre-tokenizer here: each fed string is exactly one word.
+    scratch = Tokenizer(models.Unigram())
+    trainer = trainers.UnigramTrainer(
+        vocab_size=spec.vocab_size, special_tokens=list(SPECIAL_TOKENS), unk_token=UNK, show_progress=False,
+    )
+    scratch.train_from_iterator(words, trainer=trainer, length=len(words))
+    vocab = json.loads(scratch.to_str())["model"]["vocab"]
+    kept = [(piece, score) for piece, score in vocab if "▁" not in piece[1:]]
+    # The trainer's parallel reductions leave the scores wobbling in the last bits from run to
+    # run, which reorders tied pieces and so changes token ids. Rounded scores with the piece as
+    # tie-breaker give every rank and every restart the same ids for the same data.
+    specials = [(piece, score) for piece, score in kept if piece in SPECIAL_TOKENS]
+    pieces = sorted(((piece, round(score, 9)) for piece, score in kept if piece not in SPECIAL_TOKENS),
+                    key=lambda item: (-item[1], item[0]))
+    specials.sort(key=lambda item: SPECIAL_TOKENS.index(item[0]))
+    return models.Unigram(specials + pieces, unk_id=UNK_ID, byte_fallback=False)
+
+
+def train_tokenizer(
+    spec: TokenizerTraining, texts: Iterable[str | tuple[str, str]], out_dir: str | Path
+) -> PreTrainedTokenizerFast:
+    """Train a BPE or Unigram tokenizer on `texts` and save it to `out_dir`.
+
+    `texts` holds strings, or (source, target) pairs for a tokenizer shared by both languages.
+    `spec.max_sentences` caps the items used: with pairs that is "at most N sentences per
+    side", as the spec field says. The subsample is fixed (seeded), so every rank and every
+    restart trains the same tokenizer from the same data.
+
+    `min_frequency` applies to BPE merges; the Unigram trainer (as in sentencepiece) has no
+    such threshold and prunes rare pieces by likelihood instead. A Unigram vocabulary can come
+    out smaller than `vocab_size` on a small corpus.
+    """
+    sentences = _sentences(texts, spec.max_sentences)
+    if not sentences:
+        raise ValueError("cannot train a tokenizer on no text")
+    normalizer = normalizers.NFKC()
+    pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    if spec.type == "bpe":
+        tokenizer = Tokenizer(models.BPE(unk_token=UNK))
+        tokenizer.normalizer, tokenizer.pre_tokenizer = normalizer, pre_tokenizer
+        trainer = trainers.BpeTrainer(
+            vocab_size=spec.vocab_size, min_frequency=spec.min_frequency,
+            special_tokens=list(SPECIAL_TOKENS), show_progress=False,
+        )
+        tokenizer.train_from_iterator(sentences, trainer=trainer, length=len(sentences))
+    else:
+        tokenizer = Tokenizer(_train_unigram(spec, sentences, normalizer, pre_tokenizer))
+        tokenizer.normalizer, tokenizer.pre_tokenizer = normalizer, pre_tokenizer
+    tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    ids = [tokenizer.token_to_id(token) for token in SPECIAL_TOKENS]
+    if ids != [PAD_ID, EOS_ID, UNK_ID]:
+        raise RuntimeError(f"special tokens {SPECIAL_TOKENS} got ids {ids}, expected 0, 1, 2")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"$A {EOS}", pair=f"$A {EOS} $B {EOS}", special_tokens=[(EOS, EOS_ID)]
+    )
+    # clean_up_tokenization_spaces would turn "a ." into "a." on decode: decode must be exact.
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token=PAD, eos_token=EOS, unk_token=UNK,
+        clean_up_tokenization_spaces=False,
+    )
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(str(out_dir))
+    return fast
+
+
+def load_tokenizer(path_or_name: str | Path) -> PreTrainedTokenizerBase:
+    """A tokenizer saved by `train_tokenizer`, or any pretrained one (directory or hub id)."""
+    try:
+        return AutoTokenizer.from_pretrained(str(path_or_name))
+    except (OSError, ValueError) as exc:
+        raise OSError(f"cannot load a tokenizer from {str(path_or_name)!r}: {exc}") from exc
