@@ -1,0 +1,85 @@
+"""Operator subcommands of `rosetta`: crd, render, validate, operator.
+
+Module-level imports stay light (no kopf, no kubernetes) because rosetta_trainer.cli
+imports this module for every command, `rosetta train` included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("crd", help="print the TranslationTraining CustomResourceDefinition (YAML)")
+    p.set_defaults(func=_cmd_crd)
+
+    p = sub.add_parser("render", help="print the ConfigMap and JobSet the operator would create")
+    p.add_argument("-f", "--file", required=True, help="TranslationTraining YAML")
+    p.add_argument("-n", "--namespace", help="namespace (default: metadata.namespace or 'default')")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
+                   help="override a field, e.g. --set spec.nodes=2 (repeatable)")
+    p.add_argument("--allow-host-path", action="store_true", help="accept hostPath volumes")
+    p.set_defaults(func=_cmd_render)
+
+    p = sub.add_parser("validate", help="check a TranslationTraining file as the operator would")
+    p.add_argument("-f", "--file", required=True, help="TranslationTraining YAML")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE")
+    p.add_argument("--allow-host-path", action="store_true", help="accept hostPath volumes")
+    p.set_defaults(func=_cmd_validate)
+
+    p = sub.add_parser("operator", help="run the Kubernetes operator (kopf)")
+    p.add_argument("--namespace", action="append", default=[], dest="namespaces", metavar="NS",
+                   help="watch this namespace (repeatable); default: the whole cluster")
+    p.add_argument("--all-namespaces", action="store_true", help="watch every namespace")
+    p.add_argument("--liveness-port", type=int, default=8080, help="port of the /healthz endpoint")
+    p.add_argument("--allow-host-path", action="store_true", help="accept hostPath volumes in specs")
+    p.add_argument("--metrics-port", type=int, default=8000, help="port of the operator's Prometheus metrics")
+    p.set_defaults(func=_cmd_operator)
+
+
+def _load_and_render(args):
+    from rosetta_operator.render import render
+    from rosetta_operator.spec import load_training
+
+    training = load_training(args.file, args.overrides, allow_host_path=args.allow_host_path)
+    namespace = getattr(args, "namespace", None) or training.metadata.namespace or "default"
+    return training, render(training.metadata.name, namespace, training.spec)
+
+
+def _cmd_crd(args) -> int:
+    import yaml
+
+    from rosetta_operator.crd import build_crd
+
+    sys.stdout.write(yaml.safe_dump(build_crd(), sort_keys=False, width=120))
+    return 0
+
+
+def _cmd_render(args) -> int:
+    import yaml
+
+    _, rendered = _load_and_render(args)
+    sys.stdout.write(yaml.safe_dump_all(rendered.objects(), sort_keys=False, width=120))
+    return 0
+
+
+def _cmd_validate(args) -> int:
+    # Rendering too catches what only the names reveal (pod hostnames over 63 characters).
+    training, rendered = _load_and_render(args)
+    spec = training.spec
+    per_node = _count(spec.gpus_per_node, "GPU") if spec.gpus_per_node else _count(spec.procs, "CPU process", "es")
+    print(f"ok: {training.metadata.name}: {_count(spec.nodes, 'node')} x {per_node} per node "
+          f"(world size {spec.world_size}), {spec.launcher}, network {spec.network.profile}, "
+          f"image {spec.image}, JobSet {rendered.names.jobset}{', suspended' if spec.suspend else ''}")
+    return 0
+
+
+def _count(n: int, noun: str, plural: str = "s") -> str:
+    return f"{n} {noun}{plural * (n != 1)}"
+
+
+def _cmd_operator(args) -> int:
+    from rosetta_operator.main import run
+
+    return run(args) or 0

@@ -1,0 +1,290 @@
+"""TranslationTraining spec → ConfigMap + JobSet, as plain dicts. Pure: no I/O, no API calls.
+
+Each small step below computes one part of the pod (names, env, volumes, resources,
+command) from the spec; the jinja2 templates only place those values. This is the
+only module that knows what our JobSet looks like.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import yaml
+from pydantic import BaseModel
+
+from rosetta_trainer.config import API_VERSION, KIND, ConfigError
+from rosetta_operator.profiles import EFA_RESOURCE, PROFILES
+from rosetta_operator.spec import DEFAULT_OUTPUT_MOUNT, TranslationTrainingSpec
+
+REPLICATED_JOB = "node"
+CONFIG_DIR = "/etc/rosetta"
+CONFIG_KEY = "training.yaml"
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
+TRAINING_LABEL = "rosetta.dev/training"
+BASE_LABELS = {"app.kubernetes.io/name": "rosetta", "app.kubernetes.io/managed-by": "rosetta-operator"}
+
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_LABEL_BAD = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+@dataclass(frozen=True)
+class Names:
+    training: str
+    jobset: str
+    configmap: str
+    replicated_job: str
+    master_addr: str
+
+    def pod_hostname(self, node_rank: int) -> str:
+        return f"{self.jobset}-{self.replicated_job}-0-{node_rank}"
+
+
+@dataclass(frozen=True)
+class Rendered:
+    names: Names
+    configmap: dict
+    jobset: dict
+
+    def objects(self) -> list[dict]:
+        """Creation order: the JobSet's pods mount the ConfigMap."""
+        return [self.configmap, self.jobset]
+
+
+# ------------------------------------------------------------------ small steps
+
+
+def label_value(value: str) -> str:
+    """A valid label value (≤63 chars, alphanumeric ends) derived from any string."""
+    value = _LABEL_BAD.sub("-", value)[:63]
+    return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", value)
+
+
+def resource_names(name: str, nodes: int) -> Names:
+    """Child names; ConfigError when a Kubernetes limit would reject them later."""
+    jobset = name
+    names = Names(
+        training=name,
+        jobset=jobset,
+        configmap=f"{name}-config",
+        replicated_job=REPLICATED_JOB,
+        master_addr=f"{jobset}-{REPLICATED_JOB}-0-0.{jobset}",
+    )
+    errors = []
+    if not _DNS1035.match(jobset):
+        # The JobSet's headless Service is named after it: a DNS-1035 label.
+        errors.append(("metadata.name", f"'{name}' must start with a letter and contain only a-z, 0-9 and '-'"))
+    longest = names.pod_hostname(nodes - 1)
+    if len(longest) > 63:
+        allowed = len(name) - (len(longest) - 63)
+        errors.append(("metadata.name", f"too long for {nodes} nodes: pod hostname '{longest}' exceeds 63 "
+                                        f"characters; use at most {allowed} characters"))
+    if errors:
+        raise ConfigError(errors)
+    return names
+
+
+def labels_for(name: str) -> dict[str, str]:
+    return {**BASE_LABELS, TRAINING_LABEL: label_value(name)}
+
+
+def owner_references(owner: dict | None) -> list[dict]:
+    """Accepts an ownerReference or the owning object itself (e.g. kopf's body)."""
+    if not owner:
+        return []
+    meta = owner.get("metadata")
+    if meta is not None:
+        owner = {"apiVersion": owner.get("apiVersion", API_VERSION), "kind": owner.get("kind", KIND),
+                 "name": meta["name"], "uid": meta["uid"]}
+    return [{"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": owner["name"],
+             "uid": owner["uid"], "controller": True, "blockOwnerDeletion": True}]
+
+
+def output_mount(spec: TranslationTrainingSpec) -> str:
+    vol = spec.volume_for("checkpoints")
+    return vol.mount_path if vol else DEFAULT_OUTPUT_MOUNT
+
+
+def launcher_env(spec: TranslationTrainingSpec, names: Names) -> list[dict]:
+    """Env the launcher command reads through $(VAR); every name is launcher-owned (spec.LAUNCHER_ENV*)."""
+    values = {
+        "ROSETTA_TRAINING": names.training,
+        "ROSETTA_NNODES": str(spec.nodes),
+        "ROSETTA_NPROC_PER_NODE": str(spec.procs),
+        "ROSETTA_MASTER_ADDR": names.master_addr,
+        "ROSETTA_MASTER_PORT": str(spec.network.master_port),
+        "ROSETTA_CONFIG": f"{CONFIG_DIR}/{CONFIG_KEY}",
+        "ROSETTA_OUTPUT": f"{output_mount(spec)}/{names.training}",
+    }
+    for purpose, var in (("data", "ROSETTA_DATA_DIR"), ("model", "ROSETTA_MODEL_DIR")):
+        vol = spec.volume_for(purpose)
+        if vol:
+            values[var] = vol.mount_path
+    env = [{"name": k, "value": v} for k, v in values.items()]
+    # Index of this pod in the Indexed Job = node rank.
+    env.insert(3, {"name": "ROSETTA_NODE_RANK", "valueFrom": {
+        "fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}}})
+    return env
+
+
+def profile_env(spec: TranslationTrainingSpec) -> list[dict]:
+    return [{"name": k, "value": v} for k, v in PROFILES[spec.network.profile].env.items()]
+
+
+def user_env(spec: TranslationTrainingSpec) -> list[dict]:
+    env = [var.model_dump(by_alias=True, exclude_none=True) for var in spec.env]
+    cache = spec.volume_for("cache")
+    if cache and not any(var.name == "HF_HOME" for var in spec.env):
+        env.append({"name": "HF_HOME", "value": f"{cache.mount_path}/huggingface"})
+    return env
+
+
+def command(spec: TranslationTrainingSpec) -> list[str]:
+    """Every value comes through $(VAR), expanded by the kubelet, so a local runner can reuse it."""
+    trainer = ["train", "-f", "$(ROSETTA_CONFIG)", "--output", "$(ROSETTA_OUTPUT)"]
+    if spec.launcher == "deepspeed":
+        # --no_ssh: each pod launches its own workers, like torchrun, instead of
+        # pdsh from rank 0. --no_local_rank: workers read LOCAL_RANK from env;
+        # `rosetta train` has no --local_rank argument.
+        return ["deepspeed", "--no_ssh", "--no_local_rank",
+                "--num_nodes=$(ROSETTA_NNODES)", "--num_gpus=$(ROSETTA_NPROC_PER_NODE)",
+                "--node_rank=$(ROSETTA_NODE_RANK)", "--master_addr=$(ROSETTA_MASTER_ADDR)",
+                "--master_port=$(ROSETTA_MASTER_PORT)", "--module", "rosetta_trainer", *trainer]
+    return ["torchrun", "--nnodes=$(ROSETTA_NNODES)", "--nproc-per-node=$(ROSETTA_NPROC_PER_NODE)",
+            "--node-rank=$(ROSETTA_NODE_RANK)", "--master-addr=$(ROSETTA_MASTER_ADDR)",
+            "--master-port=$(ROSETTA_MASTER_PORT)", "-m", "rosetta_trainer", *trainer]
+
+
+def resources(spec: TranslationTrainingSpec) -> dict:
+    requests: dict[str, Any] = {}
+    limits: dict[str, Any] = {}
+    if spec.resources.cpu:
+        requests["cpu"] = spec.resources.cpu
+    if spec.resources.memory:
+        # Limit = request: a training pod that outgrows its memory should fail
+        # loudly rather than be the first evicted under pressure.
+        requests["memory"] = limits["memory"] = spec.resources.memory
+    if spec.gpus_per_node:
+        requests[spec.resources.gpu_resource] = limits[spec.resources.gpu_resource] = spec.gpus_per_node
+    efa = spec.resources.efa if spec.resources.efa is not None else PROFILES[spec.network.profile].efa_devices
+    if efa:
+        requests[EFA_RESOURCE] = limits[EFA_RESOURCE] = efa
+    return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
+
+
+def volumes(spec: TranslationTrainingSpec, names: Names) -> tuple[list[dict], list[dict]]:
+    """(pod volumes, container mounts): config, /dev/shm, the output fallback, then the user's."""
+    vols = [
+        {"name": "config", "configMap": {"name": names.configmap}},
+        # Docker's 64 MiB /dev/shm is too small for NCCL and dataloader workers.
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shm_size}},
+    ]
+    mounts = [
+        {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    ]
+    if spec.volume_for("checkpoints") is None:
+        vols.append({"name": "output", "emptyDir": {}})
+        mounts.append({"name": "output", "mountPath": DEFAULT_OUTPUT_MOUNT})
+    for vol in spec.volumes:
+        source = vol.model_dump(by_alias=True, exclude_none=True,
+                                include={"persistent_volume_claim", "empty_dir", "host_path"})
+        vols.append({"name": vol.name, **source})
+        mount = {"name": vol.name, "mountPath": vol.mount_path}
+        if vol.read_only:
+            mount["readOnly"] = True
+        if vol.sub_path:
+            mount["subPath"] = vol.sub_path
+        mounts.append(mount)
+    return vols, mounts
+
+
+def scheduling(spec: TranslationTrainingSpec) -> tuple[dict, list[dict]]:
+    """(nodeSelector, tolerations): the profile's, then the user's (which win)."""
+    selector = {**PROFILES[spec.network.profile].node_selector, **spec.scheduling.node_selector}
+    tolerations = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.scheduling.tolerations]
+    if spec.gpus_per_node and not any(t.get("key") == spec.resources.gpu_resource for t in tolerations):
+        # GPU node pools are commonly tainted with the GPU resource name.
+        tolerations.insert(0, {"key": spec.resources.gpu_resource, "operator": "Exists", "effect": "NoSchedule"})
+    return selector, tolerations
+
+
+def _drop_unset_nones(model: BaseModel, dumped: dict) -> dict:
+    """Drop `key: null` where null is the field's default; a null that overrides a
+    default (clipGradNorm: null disables clipping) must stay."""
+    out = {}
+    for field_name, field in type(model).model_fields.items():
+        key = field.alias or field_name
+        value = getattr(model, field_name)
+        if value is None and field.default is None:
+            continue
+        if isinstance(value, BaseModel):
+            out[key] = _drop_unset_nones(value, dumped[key])
+        elif isinstance(value, list) and value and isinstance(value[0], BaseModel):
+            out[key] = [_drop_unset_nones(v, d) for v, d in zip(value, dumped[key])]
+        else:
+            out[key] = dumped[key]
+    return out
+
+
+def training_yaml(name: str, namespace: str, spec: TranslationTrainingSpec) -> str:
+    """The whole resolved document, defaults included, so what runs does not depend
+    on a later release's defaults; the trainer ignores the cluster keys."""
+    resolved = _drop_unset_nones(spec, spec.model_dump(mode="json", by_alias=True))
+    doc = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name, "namespace": namespace},
+           "spec": resolved}
+    return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
+
+
+# ------------------------------------------------------------------------ render
+
+
+@lru_cache(maxsize=1)
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
+        undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True,
+    )
+
+
+def _render_template(template: str, **context) -> dict:
+    return yaml.safe_load(_env().get_template(template).render(**context))
+
+
+def render(name: str, namespace: str, spec: TranslationTrainingSpec, owner: dict | None = None) -> Rendered:
+    """What the operator creates for TranslationTraining `namespace/name`."""
+    names = resource_names(name, spec.nodes)
+    labels = labels_for(name)
+    owners = owner_references(owner)
+    configmap = _render_template(
+        "configmap.yaml.j2", names=names, namespace=namespace, labels=labels, owner_references=owners,
+        config_key=CONFIG_KEY, training_yaml=training_yaml(name, namespace, spec),
+    )
+    jobset_labels = dict(labels)
+    if spec.scheduling.queue_name:
+        jobset_labels[KUEUE_QUEUE_LABEL] = spec.scheduling.queue_name
+    annotations = {}
+    if spec.scheduling.exclusive_topology:
+        annotations[EXCLUSIVE_TOPOLOGY] = spec.scheduling.exclusive_topology
+    pod_volumes, mounts = volumes(spec, names)
+    node_selector, tolerations = scheduling(spec)
+    metrics_port = spec.metrics.port
+    jobset = _render_template(
+        "jobset.yaml.j2", spec=spec, names=names, namespace=namespace, labels=labels,
+        jobset_labels=jobset_labels, jobset_annotations=annotations, owner_references=owners,
+        pod_annotations={"kubectl.kubernetes.io/default-container": "trainer"},
+        image_pull_secrets=[{"name": s} for s in spec.image_pull_secrets],
+        node_selector=node_selector, tolerations=tolerations,
+        security_context=spec.pod_security.model_dump(by_alias=True, exclude_none=True),
+        command=command(spec),
+        env=launcher_env(spec, names) + profile_env(spec) + user_env(spec),
+        ports=[{"name": "metrics", "containerPort": metrics_port, "protocol": "TCP"}] if metrics_port else [],
+        resources=resources(spec), volume_mounts=mounts, volumes=pod_volumes,
+    )
+    return Rendered(names=names, configmap=configmap, jobset=jobset)

@@ -1,0 +1,520 @@
+"""The operator's TranslationTraining spec: the trainer's spec plus cluster fields.
+
+The CRD schema is generated from these models (crd.py), so descriptions here are
+what `kubectl explain translationtraining.spec` shows. The trainer ignores
+exactly the keys added here (config.CLUSTER_KEYS); a unit test keeps the two equal.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, WithJsonSchema
+from pydantic import BeforeValidator, field_validator, model_validator
+
+from rosetta_trainer.config import (
+    API_VERSION, KIND, ConfigError, Metadata, Model, TrainerSpec, apply_overrides, format_errors, read_yaml,
+)
+from rosetta_operator.profiles import PROFILES
+
+DEFAULT_IMAGE = "ghcr.io/rosetta-dev/rosetta-trainer:0.1.0"
+DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+MOUNT_PATH = r"^/.*[^/]$"
+QUANTITY = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+
+# Set by render.py (or by torchrun/deepspeed from what render.py sets); a user
+# value would silently desynchronise the ranks, so it is an error instead.
+LAUNCHER_ENV = frozenset({
+    "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK",
+    "LOCAL_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "CUDA_VISIBLE_DEVICES",
+})
+# ROSETTA_: ours; PET_: torchrun reads its arguments from these; TORCHELASTIC_: set per worker.
+LAUNCHER_ENV_PREFIXES = ("ROSETTA_", "PET_", "TORCHELASTIC_")
+# Volumes and paths the pod template itself mounts.
+RESERVED_VOLUMES = ("dshm", "config", "output")
+RESERVED_MOUNTS = ("/dev/shm", "/etc/rosetta")
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+# Where the run writes when no volume has purpose: checkpoints (an emptyDir then).
+DEFAULT_OUTPUT_MOUNT = "/checkpoints"
+
+
+def launcher_env_owner(name: str, profile: str = "generic") -> str | None:
+    """Who sets `name` in the trainer container, or None when the user may set it."""
+    if name in LAUNCHER_ENV or name.startswith(LAUNCHER_ENV_PREFIXES):
+        return "the launcher"
+    if profile in PROFILES and name in PROFILES[profile].env:
+        return f"network profile '{profile}'"
+    return None
+
+
+def _number_to_str(value: Any) -> Any:
+    # YAML reads `cpu: 8` as an int; Kubernetes quantities are int-or-string.
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+def _matches(pattern: str, expected: str):
+    # pydantic's own message would print the regex; say what a valid value looks like instead.
+    compiled = re.compile(pattern)
+
+    def check(value: str) -> str:
+        if not compiled.match(value):
+            raise ValueError(f"'{value}' is not {expected}")
+        return value
+    return AfterValidator(check)
+
+
+Quantity = Annotated[
+    str,
+    BeforeValidator(_number_to_str),
+    _matches(QUANTITY, "a Kubernetes quantity (e.g. 8, 7500m, 64Gi)"),
+    WithJsonSchema({"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}],
+                    "pattern": QUANTITY}),
+]
+DnsLabel = Annotated[
+    str,
+    Field(min_length=1, max_length=63, json_schema_extra={"pattern": DNS1123_LABEL}),
+    _matches(DNS1123_LABEL, "a DNS-1123 label (lowercase letters, digits and '-', alphanumeric at both ends)"),
+]
+# Secrets, ConfigMaps and PVCs may have dotted names (volumes and containers may not).
+ObjectName = Annotated[
+    str,
+    Field(min_length=1, max_length=253, json_schema_extra={"pattern": DNS1123_SUBDOMAIN}),
+    _matches(DNS1123_SUBDOMAIN, "a valid object name (lowercase letters, digits, '-' and '.')"),
+]
+
+
+# ---------------------------------------------------------------------- resources
+
+
+class ResourcesSpec(Model):
+    """Per-pod requests. GPUs come from gpusPerNode, EFA devices from the network profile."""
+
+    cpu: Optional[Quantity] = Field(None, description="CPU request per pod, e.g. 16 or 7500m.")
+    memory: Optional[Quantity] = Field(
+        None, description="Memory request and limit per pod, e.g. 64Gi (shared memory counts against it)."
+    )
+    gpu_resource: str = Field(
+        "nvidia.com/gpu", min_length=1, max_length=253,
+        description="Extended resource name of a GPU, e.g. nvidia.com/gpu or amd.com/gpu.",
+    )
+    efa: Optional[int] = Field(
+        None, ge=0, le=64, description="EFA devices per pod; default: the network profile's count."
+    )
+    shm_size: Quantity = Field(
+        "16Gi", description="Size of the in-memory /dev/shm (dataloader workers and NCCL use it)."
+    )
+
+
+# ------------------------------------------------------------------------ network
+
+
+class NetworkSpec(Model):
+    profile: Literal["generic", "eks-p4d", "eks-p5", "gke-a3"] = Field(
+        "generic",
+        description=(
+            "Fabric preset: generic (nothing added); eks-p4d / eks-p5 (EFA devices, FI_* and NCCL env, "
+            "instance-type node selector); gke-a3 (GPUDirect-TCPX NCCL env, H100 node selector)."
+        ),
+    )
+    master_port: int = Field(29500, ge=1024, le=65535, description="Rendezvous port on the rank-0 pod.")
+
+
+# ---------------------------------------------------------------------------- env
+
+
+class KeyRef(Model):
+    name: ObjectName = Field(..., description="Name of the Secret or ConfigMap.")
+    key: str = Field(..., min_length=1, max_length=253, description="Key inside it.")
+    optional: Optional[bool] = Field(None, description="Start the pod even when the key is missing.")
+
+
+class EnvSource(Model):
+    secret_key_ref: Optional[KeyRef] = Field(None, description="Read the value from a Secret key.")
+    config_map_key_ref: Optional[KeyRef] = Field(None, description="Read the value from a ConfigMap key.")
+
+    @model_validator(mode="after")
+    def _exactly_one(self):
+        if (self.secret_key_ref is None) == (self.config_map_key_ref is None):
+            raise ValueError("set exactly one of 'secretKeyRef' or 'configMapKeyRef'")
+        return self
+
+
+class EnvVar(Model):
+    name: Annotated[str, _matches(ENV_NAME, "a valid environment variable name (letters, digits, '_', '-', '.')")] = Field(
+        ..., min_length=1, max_length=128, json_schema_extra={"pattern": ENV_NAME}, description="Variable name."
+    )
+    value: Optional[str] = Field(None, max_length=32768, description="Literal value.")
+    value_from: Optional[EnvSource] = Field(None, description="Take the value from a Secret or ConfigMap.")
+
+    @model_validator(mode="after")
+    def _not_both(self):
+        if self.value is not None and self.value_from is not None:
+            raise ValueError("set either 'value' or 'valueFrom', not both")
+        return self
+
+
+# ------------------------------------------------------------------------ volumes
+
+
+class PvcSource(Model):
+    claim_name: ObjectName = Field(..., description="PersistentVolumeClaim in the training's namespace (EFS, Filestore, ...).")
+    read_only: bool = Field(False, description="Mount the claim read-only.")
+
+
+class EmptyDirSource(Model):
+    medium: Optional[Literal["Memory"]] = Field(None, description="Memory for tmpfs; default: node disk.")
+    size_limit: Optional[Quantity] = Field(None, description="Evict the pod when it uses more than this.")
+
+
+class HostPathSource(Model):
+    path: str = Field(..., min_length=1, max_length=1024, pattern=r"^/", description="Absolute path on the node.")
+    type: Optional[Literal["Directory", "DirectoryOrCreate", "File", "FileOrCreate"]] = Field(
+        None, description="Check or create the path before mounting."
+    )
+
+
+VolumePurpose = Literal["data", "model", "checkpoints", "cache", "other"]
+
+
+class VolumeSpec(Model):
+    """One volume mounted into every pod. Exactly one of the sources must be set."""
+
+    name: DnsLabel = Field(..., description="Volume name (DNS-1123 label), unique in the list.")
+    # No trailing '/': paths compare as plain strings, here and in the CRD's CEL rules.
+    mount_path: str = Field(
+        ..., min_length=2, max_length=512, pattern=MOUNT_PATH,
+        description="Absolute path in the container, without a trailing '/'.",
+    )
+    purpose: VolumePurpose = Field(
+        "other",
+        description=(
+            "checkpoints: the run writes <mountPath>/<training name> (ROSETTA_OUTPUT), at most one; "
+            "data / model: exported as ROSETTA_DATA_DIR / ROSETTA_MODEL_DIR; cache: HF_HOME lives here; other."
+        ),
+    )
+    read_only: bool = Field(False, description="Mount read-only.")
+    sub_path: Optional[str] = Field(None, max_length=512, description="Mount this sub-directory of the volume.")
+    persistent_volume_claim: Optional[PvcSource] = Field(None, description="A PVC, e.g. EFS or Filestore.")
+    empty_dir: Optional[EmptyDirSource] = Field(None, description="Scratch space that lives as long as the pod.")
+    host_path: Optional[HostPathSource] = Field(
+        None, description="A node directory; refused unless the operator runs with --allow-host-path."
+    )
+
+    @field_validator("host_path")
+    @classmethod
+    def _host_path_allowed(cls, value, info: ValidationInfo):
+        # Per item, not in the list validator, so it is reported even when another volume is invalid.
+        if value is not None and not (info.context or {}).get("allow_host_path", False):
+            raise ValueError("hostPath volumes are not allowed by this operator (it runs without "
+                             "--allow-host-path); use a persistentVolumeClaim")
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        sources = [s for s in (self.persistent_volume_claim, self.empty_dir, self.host_path) if s is not None]
+        if len(sources) != 1:
+            raise ValueError("set exactly one of 'persistentVolumeClaim', 'emptyDir' or 'hostPath'")
+        if self.purpose == "checkpoints" and (self.read_only or (self.persistent_volume_claim and
+                                                                 self.persistent_volume_claim.read_only)):
+            raise ValueError("the checkpoints volume must be writable")
+        return self
+
+
+# --------------------------------------------------------------------- scheduling
+
+
+class Toleration(Model):
+    key: Optional[str] = Field(None, max_length=317, description="Taint key; empty with Exists tolerates everything.")
+    operator: Literal["Exists", "Equal"] = Field("Equal", description="Exists ignores the value.")
+    value: Optional[str] = Field(None, max_length=63, description="Taint value for Equal.")
+    effect: Optional[Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]] = Field(
+        None, description="Taint effect to tolerate; empty: all."
+    )
+    toleration_seconds: Optional[int] = Field(None, ge=0, description="NoExecute only: how long to stay bound.")
+
+    @model_validator(mode="after")
+    def _exists_has_no_value(self):
+        if self.operator == "Exists" and self.value is not None:
+            raise ValueError("operator 'Exists' takes no 'value'")
+        return self
+
+
+class SchedulingSpec(Model):
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels the pods require (added to the profile's)."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=64, description="Taints the pods tolerate."
+    )
+    affinity: Optional[dict[str, Any]] = Field(
+        None, description="A core/v1 Affinity, copied into the pod spec as written."
+    )
+    priority_class_name: Optional[str] = Field(None, max_length=253, description="PriorityClass of the pods.")
+    queue_name: Optional[str] = Field(
+        None, max_length=63, pattern=DNS1123_LABEL,
+        description="Kueue LocalQueue; sets the kueue.x-k8s.io/queue-name label (use with suspend: true).",
+    )
+    exclusive_topology: Optional[str] = Field(
+        None, max_length=317,
+        description=(
+            "Node label key (e.g. cloud.google.com/gke-nodepool) of a topology domain that the whole gang gets "
+            "to itself: JobSet places each Job in one domain, and ours is one Job of all the nodes."
+        ),
+    )
+
+
+class FailurePolicySpec(Model):
+    max_restarts: int = Field(
+        3, ge=0, le=1000, description="Restart the whole JobSet this many times after a pod fails."
+    )
+
+
+class PodSecuritySpec(Model):
+    run_as_user: Optional[int] = Field(None, ge=0, description="UID of the trainer process.")
+    run_as_group: Optional[int] = Field(None, ge=0, description="Primary GID of the trainer process.")
+    fs_group: Optional[int] = Field(None, ge=0, description="Group that owns mounted volumes (EFS access).")
+    run_as_non_root: Optional[bool] = Field(None, description="Refuse to start a container running as root.")
+
+
+# ---------------------------------------------------------------------------- spec
+
+
+class TranslationTrainingSpec(TrainerSpec):
+    """A TranslationTraining: what to train (the trainer's fields) and where (the cluster fields).
+
+    Field order matters: validators of later fields read earlier ones (info.data).
+    """
+
+    image: str = Field(DEFAULT_IMAGE, min_length=1, max_length=512, description="Trainer container image.")
+    image_pull_policy: Optional[Literal["Always", "IfNotPresent", "Never"]] = Field(
+        None, description="Kubernetes' default applies when unset."
+    )
+    image_pull_secrets: list[ObjectName] = Field(
+        default_factory=list, max_length=16, description="Names of Secrets for pulling the image."
+    )
+    nodes: int = Field(1, ge=1, le=4096, description="Pods, one per node; torchrun's --nnodes.")
+    gpus_per_node: int = Field(
+        0, ge=0, le=16, description="GPUs per pod; one process each. 0 trains on CPU (see procsPerNode)."
+    )
+    procs_per_node: Optional[int] = Field(
+        None, ge=1, le=256, description="CPU training only (gpusPerNode 0): processes per pod; default 1."
+    )
+    launcher: Literal["torchrun", "deepspeed"] = Field(
+        "torchrun", description="Process launcher in each pod; deepspeed needs GPUs."
+    )
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Per-pod resources.")
+    network: NetworkSpec = Field(default_factory=NetworkSpec, description="Interconnect preset and rendezvous port.")
+    env: list[EnvVar] = Field(
+        default_factory=list, max_length=128,
+        description="Extra environment for the trainer; names the launcher or profile sets are refused.",
+    )
+    volumes: list[VolumeSpec] = Field(
+        default_factory=list, max_length=32,
+        description="Volumes for data, model, cache and checkpoints. Without a checkpoints volume the run "
+                    "writes to an emptyDir and a restart starts over.",
+    )
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="Where the pods may run.")
+    suspend: bool = Field(False, description="Create the JobSet suspended (Kueue admits it) or pause a run.")
+    failure_policy: FailurePolicySpec = Field(
+        default_factory=FailurePolicySpec, description="Whole-gang restarts after a failure."
+    )
+    ttl_seconds_after_finished: Optional[int] = Field(
+        None, ge=0, description="Delete the JobSet (not the TranslationTraining) this long after it finishes."
+    )
+    service_account_name: Optional[str] = Field(
+        None, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="ServiceAccount of the pods (e.g. an IRSA or Workload Identity account for S3/GCS).",
+    )
+    pod_security: PodSecuritySpec = Field(
+        default_factory=PodSecuritySpec, description="Pod securityContext (user, groups)."
+    )
+    termination_grace_period_seconds: Optional[int] = Field(
+        None, ge=0, le=3600,
+        description="Seconds between SIGTERM and SIGKILL; leave room to finish a checkpoint on preemption.",
+    )
+
+    @field_validator("procs_per_node")
+    @classmethod
+    def _procs_only_on_cpu(cls, value, info: ValidationInfo):
+        if value is not None and info.data.get("gpus_per_node", 0) > 0:
+            raise ValueError("procsPerNode is for CPU training; with GPUs there is one process per GPU")
+        return value
+
+    @field_validator("launcher")
+    @classmethod
+    def _deepspeed_needs_gpus(cls, value, info: ValidationInfo):
+        if value == "deepspeed" and info.data.get("gpus_per_node", 1) == 0:
+            raise ValueError("the deepspeed launcher needs gpusPerNode >= 1")
+        return value
+
+    @field_validator("network")
+    @classmethod
+    def _profile_fits(cls, value: NetworkSpec, info: ValidationInfo):
+        profile = PROFILES[value.profile]
+        gpus = info.data.get("gpus_per_node")
+        if profile.needs_gpus and gpus is not None and not 1 <= gpus <= profile.max_gpus_per_node:
+            raise ValueError(
+                f"profile '{profile.name}' is for 1..{profile.max_gpus_per_node} GPUs per node, "
+                f"gpusPerNode is {gpus}"
+            )
+        return value
+
+    @field_validator("scheduling")
+    @classmethod
+    def _exclusive_topology_fits(cls, value: SchedulingSpec, info: ValidationInfo):
+        nodes = info.data.get("nodes", 1)
+        if value.exclusive_topology == HOSTNAME_LABEL and nodes > 1:
+            raise ValueError(
+                f"exclusiveTopology {HOSTNAME_LABEL} would need all {nodes} pods on one node (JobSet gives the "
+                "one Job of the gang a single topology domain); use a node-pool, rack or block label"
+            )
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_not_launcher_owned(cls, value: list[EnvVar], info: ValidationInfo):
+        network = info.data.get("network")
+        profile = network.profile if network is not None else "generic"
+        problems, seen = [], set()
+        for i, var in enumerate(value):
+            owner = launcher_env_owner(var.name, profile)
+            if owner:
+                problems.append(f"env[{i}].name: {var.name} is set by {owner}; remove it")
+            if var.name in seen:
+                problems.append(f"env[{i}].name: {var.name} is set twice")
+            seen.add(var.name)
+        if problems:
+            raise ValueError("\n".join(problems))
+        return value
+
+    @field_validator("volumes")
+    @classmethod
+    def _volumes(cls, value: list[VolumeSpec], info: ValidationInfo):
+        problems, names, paths, purposes = [], set(), set(), {}
+        has_checkpoints = any(vol.purpose == "checkpoints" for vol in value)
+        for i, vol in enumerate(value):
+            if vol.name in RESERVED_VOLUMES:
+                problems.append(f"volumes[{i}].name: '{vol.name}' is reserved for the operator's own volumes")
+            elif vol.name in names:
+                problems.append(f"volumes[{i}].name: '{vol.name}' is already used")
+            mount = vol.mount_path
+            if mount in RESERVED_MOUNTS:
+                problems.append(f"volumes[{i}].mountPath: {mount} is mounted by the operator")
+            elif mount in paths:
+                problems.append(f"volumes[{i}].mountPath: {mount} is already used")
+            elif mount == DEFAULT_OUTPUT_MOUNT and not has_checkpoints:
+                # Without a checkpoints volume the operator mounts its own scratch output there.
+                problems.append(f"volumes[{i}].mountPath: {mount} is where the run writes when no volume has "
+                                "purpose 'checkpoints'; give this volume that purpose or another path")
+            if vol.purpose != "other" and vol.purpose in purposes:
+                problems.append(f"volumes[{i}].purpose: only one volume may be for "
+                                f"'{vol.purpose}' (volumes[{purposes[vol.purpose]}] is)")
+            names.add(vol.name)
+            paths.add(mount)
+            purposes.setdefault(vol.purpose, i)
+        if problems:
+            raise ValueError("\n".join(problems))
+        return value
+
+    @model_validator(mode="after")
+    def _device_matches_gpus(self):
+        if self.training.device == "cuda" and self.gpus_per_node == 0:
+            raise ValueError("training.device is cuda but gpusPerNode is 0")
+        if self.training.device == "cpu" and self.gpus_per_node > 0:
+            raise ValueError("training.device is cpu but gpusPerNode asks for GPUs")
+        return self
+
+    # ---- derived values render.py and the handlers share
+
+    @property
+    def procs(self) -> int:
+        """Processes per pod (torchrun's --nproc-per-node)."""
+        return self.gpus_per_node or self.procs_per_node or 1
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs
+
+    def volume_for(self, purpose: str) -> VolumeSpec | None:
+        return next((v for v in self.volumes if v.purpose == purpose), None)
+
+
+CLUSTER_FIELDS = frozenset(
+    TranslationTrainingSpec.model_fields[f].alias for f in
+    set(TranslationTrainingSpec.model_fields) - set(TrainerSpec.model_fields)
+)
+
+
+class TranslationTraining(BaseModel):
+    """The whole document; `status` and other server-side fields are ignored."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    api_version: Literal["rosetta.dev/v1alpha1"] = Field(API_VERSION, alias="apiVersion")
+    kind: Literal["TranslationTraining"] = KIND
+    metadata: Metadata = Field(default_factory=Metadata)
+    spec: TranslationTrainingSpec
+
+
+def _plain(value: Any) -> Any:
+    # kopf hands over Body/Spec mappings, not dicts; pydantic wants plain data.
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _errors(exc: ValidationError, prefix: str = "") -> list[tuple[str, str]]:
+    """format_errors, with list validators' "items[i].field: message" lines moved into the path."""
+    out = []
+    for path, message in format_errors(exc, prefix):
+        for line in message.split("\n"):
+            m = _ITEM_MESSAGE.match(line)
+            if m and path.endswith("." + m["field"]):
+                out.append((path + m["item"], m["message"]))
+            else:
+                out.append((path, line))
+    return out
+
+
+_ITEM_MESSAGE = re.compile(r"^(?P<field>\w+)(?P<item>\[\d+\](\.\w+)*): (?P<message>.*)$")
+
+
+def parse_training(raw: Any, source: str | None = None, allow_host_path: bool = False) -> TranslationTraining:
+    """Validate a whole TranslationTraining document; ConfigError lists every problem by field path."""
+    raw = _plain(raw)
+    if not isinstance(raw, dict):
+        raise ConfigError([("(document)", "expected a mapping with apiVersion, kind and spec")], source)
+    try:
+        return TranslationTraining.model_validate(raw, context={"allow_host_path": allow_host_path})
+    except ValidationError as exc:
+        raise ConfigError(_errors(exc), source) from None
+
+
+def parse_spec(raw: Any, allow_host_path: bool = False) -> TranslationTrainingSpec:
+    """Validate only a spec (what a kopf handler gets); error paths start with 'spec.'."""
+    try:
+        return TranslationTrainingSpec.model_validate(_plain(raw), context={"allow_host_path": allow_host_path})
+    except ValidationError as exc:
+        raise ConfigError(_errors(exc, prefix="spec")) from None
+
+
+def load_training(path: str | Path, overrides: list[str] | None = None,
+                  allow_host_path: bool = False) -> TranslationTraining:
+    """Read a TranslationTraining YAML file, apply `a.b=value` overrides, validate."""
+    raw = apply_overrides(read_yaml(path), overrides or [])
+    return parse_training(raw, str(path), allow_host_path=allow_host_path)
+
+
+__all__ = [
+    "DEFAULT_IMAGE", "LAUNCHER_ENV", "LAUNCHER_ENV_PREFIXES", "CLUSTER_FIELDS", "TranslationTraining",
+    "TranslationTrainingSpec", "VolumeSpec", "EnvVar", "launcher_env_owner", "load_training",
+    "parse_spec", "parse_training", "ConfigError",
+]

@@ -1,0 +1,302 @@
+"""The CRD: generated from the spec, committed fresh, structural, and its CEL rules agree with pydantic."""
+
+from __future__ import annotations
+
+import copy
+import io
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import BaseModel
+
+from openapi_check import cel_failures, cel_holds, schema_errors, with_defaults
+from rosetta_operator import status as st
+from rosetta_operator.crd import PHASES, build_crd, cel_rules
+from rosetta_operator.spec import ConfigError, TranslationTrainingSpec, parse_training
+from rosetta_trainer.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD_FILE = ROOT / "manifests" / "crd.yaml"
+REGENERATE = "rosetta crd > manifests/crd.yaml"
+
+CRD = build_crd()
+VERSION = CRD["spec"]["versions"][0]
+ROOT_SCHEMA = VERSION["schema"]["openAPIV3Schema"]
+SPEC_SCHEMA = ROOT_SCHEMA["properties"]["spec"]
+STATUS_SCHEMA = ROOT_SCHEMA["properties"]["status"]
+
+
+def crd_text() -> str:
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(["crd"]) == 0
+    return out.getvalue()
+
+
+def test_committed_crd_is_fresh():
+    assert CRD_FILE.exists(), f"manifests/crd.yaml is missing; generate it with: {REGENERATE}"
+    assert CRD_FILE.read_text() == crd_text(), f"manifests/crd.yaml is stale; regenerate it with: {REGENERATE}"
+    assert yaml.safe_load(CRD_FILE.read_text()) == CRD
+
+
+def test_identity():
+    assert CRD["metadata"]["name"] == "translationtrainings.rosetta.dev"
+    spec = CRD["spec"]
+    assert (spec["group"], spec["scope"]) == ("rosetta.dev", "Namespaced")
+    assert spec["names"]["kind"] == "TranslationTraining"
+    assert spec["names"]["plural"] == "translationtrainings"
+    assert spec["names"]["shortNames"] == ["tt"]
+    assert [(v["name"], v["served"], v["storage"]) for v in spec["versions"]] == [("v1alpha1", True, True)]
+    assert VERSION["subresources"] == {"status": {}}
+    assert ROOT_SCHEMA["required"] == ["spec"]
+
+
+def test_printer_columns():
+    columns = {c["name"]: (c["type"], c["jsonPath"]) for c in VERSION["additionalPrinterColumns"]}
+    assert list(columns) == ["Phase", "Nodes", "GPUs/node", "Progress", "BLEU", "Age"]
+    assert columns["Age"] == ("date", ".metadata.creationTimestamp")
+    for name, (kind, path) in columns.items():
+        if name == "Age":
+            continue
+        node = ROOT_SCHEMA
+        for part in path.strip(".").split("."):
+            node = node["properties"][part]  # every column points at a declared field
+        assert node["type"] == kind, name
+
+
+# ---------------------------------------------------------------------- status
+
+
+def test_status_declares_every_field_the_operator_writes():
+    props = STATUS_SCHEMA["properties"]
+    observation = st.Observation(
+        "Running", "running", (st.Cond("Running", "True", "AllJobsReady", "ok"),),
+        restarts=1, start_time="2024-01-01T00:00:00Z", completion_time="2024-01-02T00:00:00Z")
+    merged = st.merge_status({}, observation, now="2024-01-01T00:00:00Z", generation=2)
+    # what handlers.py adds to every status (jobSet identity and the spec's shape)
+    handler_fields = {"observedGeneration", "jobSetName", "configMapName", "nodes", "gpusPerNode", "worldSize"}
+    for key in set(merged) | handler_fields | {"progress", "kopf"}:
+        assert key in props, f"status.{key} is not declared; the apiserver would prune it"
+    condition = props["conditions"]["items"]["properties"]
+    assert set(merged["conditions"][0]) <= set(condition)
+    assert props["conditions"]["x-kubernetes-list-map-keys"] == ["type"]
+    assert schema_errors(STATUS_SCHEMA, merged) == []
+
+
+def test_phases_are_the_status_module_phases():
+    constants = {v for k, v in vars(st.Phase).items() if k.isupper() and isinstance(v, str)}
+    assert set(PHASES) == constants
+    assert STATUS_SCHEMA["properties"]["phase"]["enum"] == list(PHASES)
+
+
+def test_progress_fields_needed_by_the_printer_columns():
+    progress = STATUS_SCHEMA["properties"]["progress"]["properties"]
+    assert {"display", "bleu", "step", "totalSteps", "percent", "lastCheckpoint"} <= set(progress)
+
+
+# ------------------------------------------------------------------ structure
+
+
+def _nodes(schema: dict, path: str = "spec"):
+    yield path, schema
+    for key, sub in schema.get("properties", {}).items():
+        yield from _nodes(sub, f"{path}.{key}")
+    if isinstance(schema.get("items"), dict):
+        yield from _nodes(schema["items"], f"{path}[]")
+    if isinstance(schema.get("additionalProperties"), dict):
+        yield from _nodes(schema["additionalProperties"], f"{path}{{}}")
+
+
+@pytest.mark.parametrize("name, schema", [("spec", SPEC_SCHEMA), ("status", STATUS_SCHEMA)])
+def test_schema_is_structural(name, schema):
+    for path, node in _nodes(schema, name):
+        assert not {"$ref", "$defs", "const", "allOf", "oneOf", "not", "prefixItems"} & set(node), path
+        if node.get("x-kubernetes-int-or-string"):
+            assert "type" not in node and node["anyOf"] == [{"type": "integer"}, {"type": "string"}], path
+        else:
+            assert "anyOf" not in node, path
+            assert node.get("type") in ("object", "array", "string", "integer", "number", "boolean"), path
+        for flag in ("exclusiveMinimum", "exclusiveMaximum"):
+            assert node.get(flag, True) is True, path
+        if "default" in node:
+            assert schema_errors(node, node["default"]) == [], path
+        if node.get("x-kubernetes-list-type") == "map":
+            for key in node["x-kubernetes-list-map-keys"]:
+                assert key in node["items"]["required"], path
+
+
+def _fields(model: type[BaseModel], schema: dict, path: str):
+    for name, field in model.model_fields.items():
+        key = field.alias or name
+        assert key in schema["properties"], f"{path}.{key} is missing from the CRD"
+        sub = schema["properties"][key]
+        sub = sub.get("items", sub) if sub.get("type") == "array" else sub
+        annotation = field.annotation
+        for candidate in getattr(annotation, "__args__", ()) + (annotation,):
+            if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+                yield from _fields(candidate, sub, f"{path}.{key}")
+        yield f"{path}.{key}"
+
+
+def test_every_spec_field_is_in_the_schema_with_its_description():
+    paths = list(_fields(TranslationTrainingSpec, SPEC_SCHEMA, "spec"))
+    assert {"spec.nodes", "spec.network.profile", "spec.volumes.persistentVolumeClaim.claimName",
+            "spec.env.valueFrom.secretKeyRef.key", "spec.scheduling.tolerations.effect",
+            "spec.training.batch.tokens"} <= set(paths)
+    for key in ("image", "nodes", "gpusPerNode", "launcher", "network", "volumes", "suspend"):
+        assert SPEC_SCHEMA["properties"][key]["description"], key
+    assert SPEC_SCHEMA["properties"]["network"]["properties"]["profile"]["enum"] == [
+        "generic", "eks-p4d", "eks-p5", "gke-a3"]
+    assert SPEC_SCHEMA["properties"]["volumes"]["items"]["properties"]["name"]["pattern"]
+    assert SPEC_SCHEMA["properties"]["env"]["items"]["properties"]["name"]["pattern"]
+
+
+def test_schema_enforces_simple_bounds_itself():
+    good = _raw()
+    assert schema_errors(SPEC_SCHEMA, good) == []
+    for patch, path in [({"nodes": 0}, "nodes"), ({"nodes": "two"}, "nodes"), ({"launcher": "mpirun"}, "launcher"),
+                        ({"resources": {"cpu": "lots"}}, "resources.cpu"), ({"bogus": 1}, "bogus"),
+                        ({"env": [{"name": "A"}, {"name": "A"}]}, "env")]:
+        errors = schema_errors(SPEC_SCHEMA, {**good, **patch})
+        assert errors and errors[0].startswith(path), (patch, errors)
+
+
+# ------------------------------------------------------------------------ CEL
+
+BASE = {
+    "model": {"architecture": "transformer", "size": "tiny"},
+    "tokenizer": {"train": {"vocabSize": 500}},
+    "data": {"sourceLang": "en", "targetLangs": ["de"], "train": [{"format": "generated", "size": 100}]},
+    "training": {"maxSteps": 10},
+}
+PVC = {"persistentVolumeClaim": {"claimName": "efs"}}
+
+
+def _raw(**patch) -> dict:
+    raw = copy.deepcopy(BASE)
+    for key, value in patch.items():
+        raw[key] = value
+    return raw
+
+
+def _pretrained(**patch) -> dict:
+    return _raw(model={"name": "t5-small"}, tokenizer={}, data={"sourceLang": "en", "targetLangs": ["de"]}, **patch)
+
+
+# (case, raw spec, valid?) — each invalid case breaks exactly one cross-field rule.
+CASES = [
+    ("minimal", _raw(), True),
+    ("pretrained without data", _pretrained(), True),
+    ("tokenizer path", _raw(tokenizer={"path": "/tok"}, data={"sourceLang": "en", "targetLangs": ["de"]}), True),
+    ("gpus with profile", _raw(gpusPerNode=8, network={"profile": "eks-p5"}, training={"maxSteps": 5, "device": "cuda"}), True),
+    ("cpu procs", _raw(nodes=2, procsPerNode=4, training={"maxSteps": 5, "device": "cpu"}), True),
+    ("deepspeed", _raw(gpusPerNode=2, launcher="deepspeed"), True),
+    ("user env", _raw(env=[{"name": "NCCL_DEBUG", "value": "INFO"},
+                           {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "t"}}}]), True),
+    ("profile env on generic", _raw(gpusPerNode=1, env=[{"name": "FI_PROVIDER", "value": "tcp"}]), True),
+    ("volumes", _raw(volumes=[{"name": "d", "mountPath": "/data", "purpose": "data", "readOnly": True, **PVC},
+                              {"name": "c", "mountPath": "/checkpoints", "purpose": "checkpoints", **PVC},
+                              {"name": "s", "mountPath": "/scratch", "emptyDir": {}},
+                              {"name": "t", "mountPath": "/tmp2", "emptyDir": {"medium": "Memory"}}]), True),
+    ("tolerations", _raw(scheduling={"tolerations": [{"key": "a", "operator": "Exists"},
+                                                     {"key": "b", "value": "c"}]}), True),
+    ("data formats", _raw(data={"sourceLang": "en", "targetLangs": ["de"], "train": [
+        {"format": "pairs", "source": "a", "target": "b"}, {"format": "tsv", "path": "x"}]}), True),
+
+    ("model name and architecture", _raw(model={"name": "t5-small", "architecture": "t5"}), False),
+    ("model neither", _raw(model={"size": "tiny"}), False),
+    ("dModel not divisible", _raw(model={"architecture": "t5", "dModel": 100, "heads": 3}), False),
+    ("tokenizer both", _raw(tokenizer={"path": "x", "train": {}}), False),
+    ("pairs without target", _raw(data={"sourceLang": "en", "targetLangs": ["de"],
+                                        "train": [{"format": "pairs", "source": "a"}]}), False),
+    ("validation jsonl without path", _raw(data={"sourceLang": "en", "targetLangs": ["de"], "train": BASE["data"]["train"],
+                                                 "validation": [{"format": "jsonl"}]}), False),
+    ("test mtgeneval without path", _raw(data={"sourceLang": "en", "targetLangs": ["de"], "train": BASE["data"]["train"],
+                                               "test": [{"format": "mtgeneval"}]}), False),
+    ("no length", _raw(training={"batch": {"tokens": 100}}), False),
+    ("batch both", _raw(training={"maxSteps": 5, "batch": {"tokens": 100, "sentences": 4}}), False),
+    ("scratch without tokenizer", _raw(tokenizer={}), False),
+    ("tokenizer.train without data", _raw(data={"sourceLang": "en", "targetLangs": ["de"]}), False),
+    ("procs with gpus", _raw(gpusPerNode=2, procsPerNode=2), False),
+    ("deepspeed on cpu", _raw(launcher="deepspeed"), False),
+    ("profile without gpus", _raw(network={"profile": "gke-a3"}), False),
+    ("profile with too many gpus", _raw(gpusPerNode=16, network={"profile": "eks-p4d"}), False),
+    ("cuda without gpus", _raw(training={"maxSteps": 5, "device": "cuda"}), False),
+    ("cpu with gpus", _raw(gpusPerNode=1, training={"maxSteps": 5, "device": "cpu"}), False),
+    ("launcher env", _raw(env=[{"name": "MASTER_ADDR", "value": "x"}]), False),
+    ("launcher env prefix", _raw(env=[{"name": "ROSETTA_OUTPUT", "value": "x"}]), False),
+    ("eks-p4d env", _raw(gpusPerNode=8, network={"profile": "eks-p4d"}, env=[{"name": "FI_PROVIDER", "value": "x"}]), False),
+    ("eks-p5 env", _raw(gpusPerNode=8, network={"profile": "eks-p5"}, env=[{"name": "FI_EFA_FORK_SAFE", "value": "0"}]), False),
+    ("gke-a3 env", _raw(gpusPerNode=8, network={"profile": "gke-a3"}, env=[{"name": "NCCL_ALGO", "value": "Tree"}]), False),
+    ("env value and valueFrom", _raw(env=[{"name": "A", "value": "1",
+                                           "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]), False),
+    ("env valueFrom both refs", _raw(env=[{"name": "A", "valueFrom": {
+        "secretKeyRef": {"name": "s", "key": "k"}, "configMapKeyRef": {"name": "c", "key": "k"}}}]), False),
+    ("volume without source", _raw(volumes=[{"name": "a", "mountPath": "/a"}]), False),
+    ("volume two sources", _raw(volumes=[{"name": "a", "mountPath": "/a", "emptyDir": {}, **PVC}]), False),
+    ("read-only checkpoints", _raw(volumes=[{"name": "a", "mountPath": "/a", "purpose": "checkpoints",
+                                             "readOnly": True, **PVC}]), False),
+    ("read-only checkpoints claim", _raw(volumes=[{"name": "a", "mountPath": "/a", "purpose": "checkpoints",
+                                                   "persistentVolumeClaim": {"claimName": "c", "readOnly": True}}]), False),
+    ("two data volumes", _raw(volumes=[{"name": "a", "mountPath": "/a", "purpose": "data", **PVC},
+                                       {"name": "b", "mountPath": "/b", "purpose": "data", **PVC}]), False),
+    ("shared mount path", _raw(volumes=[{"name": "a", "mountPath": "/a", **PVC}, {"name": "b", "mountPath": "/a", **PVC}]), False),
+    ("reserved mount path", _raw(volumes=[{"name": "a", "mountPath": "/dev/shm", "emptyDir": {}}]), False),
+    ("reserved volume name", _raw(volumes=[{"name": "config", "mountPath": "/a", **PVC}]), False),
+    ("default output path taken", _raw(volumes=[{"name": "a", "mountPath": "/checkpoints", **PVC}]), False),
+    ("exclusive hostname on one node", _raw(scheduling={"exclusiveTopology": "kubernetes.io/hostname"}), True),
+    ("exclusive node pool", _raw(nodes=4, scheduling={"exclusiveTopology": "cloud.google.com/gke-nodepool"}), True),
+    ("exclusive hostname on many nodes", _raw(nodes=2, scheduling={"exclusiveTopology": "kubernetes.io/hostname"}), False),
+    ("toleration Exists with value", _raw(scheduling={"tolerations": [{"key": "a", "operator": "Exists", "value": "b"}]}), False),
+]
+
+
+def _pydantic_valid(raw: dict) -> bool:
+    doc = {"apiVersion": "rosetta.dev/v1alpha1", "kind": "TranslationTraining", "metadata": {"name": "mt"}, "spec": raw}
+    try:
+        parse_training(doc)
+    except ConfigError:
+        return False
+    return True
+
+
+def _cel_failures(raw: dict) -> list[tuple[str, str, str]]:
+    # The apiserver applies the schema's defaults before it runs the rules.
+    return cel_failures(SPEC_SCHEMA, with_defaults(SPEC_SCHEMA, raw))
+
+
+@pytest.mark.parametrize("case, raw, valid", CASES, ids=[c[0] for c in CASES])
+def test_cel_rules_agree_with_pydantic(case, raw, valid):
+    assert schema_errors(SPEC_SCHEMA, raw) == [], "cases must pass the plain schema; CEL is what is tested"
+    assert _pydantic_valid(raw) is valid
+    failures = _cel_failures(raw)
+    if valid:
+        assert failures == []
+    else:
+        assert len(failures) == 1, failures  # one rule, with its message, explains it
+
+
+def test_every_cel_rule_is_exercised():
+    broken = {rule for _, raw, valid in CASES if not valid for _, rule, _ in _cel_failures(raw)}
+    assert broken == {rule.rule for rule in cel_rules()}
+
+
+def test_cel_rules_sit_at_their_declared_paths():
+    placed = [(path, rule) for path, node in _nodes(SPEC_SCHEMA, "")
+              for rule in (c["rule"] for c in node.get("x-kubernetes-validations", []))]
+    declared = [("." + r.path.replace(".[]", "[]") if r.path else "", r.rule) for r in cel_rules()]
+    assert sorted(placed) == sorted(declared)
+    for rule in cel_rules():
+        assert rule.message and len(rule.message) <= st.MAX_MESSAGE
+
+
+def test_cel_rules_guard_optional_fields():
+    # A rule that touches an absent optional field errors in the apiserver ("no such key");
+    # the smallest valid spec has every optional field absent.
+    minimal = {"model": {"name": "t5-small"}, "data": {"sourceLang": "en", "targetLangs": ["de"]},
+               "training": {"maxSteps": 1}}
+    assert _pydantic_valid(minimal)
+    assert cel_failures(SPEC_SCHEMA, minimal) == []
+    assert cel_holds("has(self.a) != has(self.b)", {"a": 1})
