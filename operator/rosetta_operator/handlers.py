@@ -1,0 +1,366 @@
+"""kopf handlers: thin glue between the API and spec.py → render.py → status.py.
+
+    TranslationTraining created / resumed / spec changed  →  reconcile()
+        invalid spec       → status Failed + condition Valid=False (InvalidSpec) + Warning event; nothing created
+        no JobSet yet      → create ConfigMap, then JobSet (owned by the training: deletion is plain GC)
+        JobSet exists      → spec.suspend is copied to it; any other change is refused (SpecChangeRefused)
+    JobSet event (labelled rosetta.dev/training)  →  jobset_changed()  →  status phase and conditions
+
+Status is written by one helper, `write_status`, with the parent's resourceVersion as a precondition,
+so the reconcile handler and the JobSet watch never overwrite each other's view; it re-reads the JobSet
+each time, so the last writer always saw the newest JobSet. It patches only when something changed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+from typing import Any, Callable, Mapping, Optional
+
+import kopf
+import kubernetes
+import prometheus_client
+from kubernetes.client.rest import ApiException
+
+from rosetta_trainer.config import API_VERSION, KIND, ConfigError
+from rosetta_operator import status as st
+from rosetta_operator.render import TRAINING_LABEL, render
+from rosetta_operator.spec import TranslationTrainingSpec, parse_spec, parse_training
+
+GROUP, VERSION = API_VERSION.split("/")
+PLURAL = "translationtrainings"
+JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
+# What the JobSet was built from, minus spec.suspend: the baseline that refused changes are measured
+# against. Kept on the child, not in kopf's diffbase, so that reverting a refused change is recognised
+# and so that it survives operator restarts and kopf's own bookkeeping.
+APPLIED_SPEC = "rosetta.dev/applied-spec"
+# Changes that never need a new JobSet. Everything else would mean recreating a running gang.
+MUTABLE_FIELDS = frozenset({"suspend"})
+# The only env knob: the CLI flag --allow-host-path reaches kopf through memo, `kopf run` through this.
+ALLOW_HOST_PATH_ENV = "ROSETTA_ALLOW_HOST_PATH"
+
+RECONCILES = prometheus_client.Counter(
+    "rosetta_operator_reconciles", "TranslationTraining reconciliations by outcome", ["outcome"])
+STATUS_PATCHES = prometheus_client.Counter(
+    "rosetta_operator_status_patches", "TranslationTraining status patches (only sent on change)")
+
+
+# ------------------------------------------------------------------------------ startup
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+    """All operator tuning, in one place."""
+    # Handler successes would otherwise become a Normal event per change; ours are explicit.
+    settings.posting.level = logging.WARNING
+    # The CRD schema is structural: kopf's default status.kopf bookkeeping would be silently pruned,
+    # and its "touch" patches (to wake itself up) would then never arrive. Annotations are kept.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="rosetta.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="rosetta.dev", key="last-handled-configuration")
+    settings.persistence.finalizer = "rosetta.dev/finalizer"  # only used if a deletion handler appears
+    # One replica is the deployment model (no KopfPeering CRD to install); --peering still works.
+    if not settings.peering.mandatory:
+        settings.peering.standalone = True
+    # Reconnect watches well before proxies and load balancers cut idle connections.
+    settings.watching.server_timeout = 270
+    settings.watching.client_timeout = 300
+    settings.watching.connect_timeout = 30
+    settings.networking.request_timeout = 60
+    # Bursts of JobSet status updates for one object are folded into one handler call.
+    settings.batching.batch_window = 0.2
+    settings.batching.idle_timeout = 30.0
+    settings.batching.error_delays = (1, 2, 5, 10, 30, 60)
+    # Handlers are synchronous (kubernetes client); threads bound the concurrent API calls.
+    settings.execution.max_workers = 8
+
+    memo.allow_host_path = bool(memo.get("allow_host_path", os.environ.get(ALLOW_HOST_PATH_ENV) == "1"))
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()
+    memo.api_client = kubernetes.client.ApiClient()
+    if memo.get("metrics_port"):
+        prometheus_client.start_http_server(memo.metrics_port)
+    logger.info("rosetta operator configured (allow_host_path=%s)", memo.allow_host_path)
+
+
+@kopf.on.cleanup()
+def close_client(memo: kopf.Memo, **_: Any) -> None:
+    if memo.get("api_client") is not None:
+        memo.api_client.close()
+
+
+# ---------------------------------------------------------------------------- reconcile
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str, uid: str, memo: kopf.Memo,
+              logger: logging.Logger, **_: Any) -> None:
+    """Level-based on purpose: the same function serves create, restart and update, so an operator
+    restart or a lost handler state can never produce a second JobSet."""
+    api = memo.api_client
+    generation = body.metadata.get("generation")
+    document = {"apiVersion": API_VERSION, "kind": KIND,
+                "metadata": {"name": name, "namespace": namespace}, "spec": dict(spec)}
+    try:
+        training = parse_training(document, allow_host_path=memo.allow_host_path)
+        rendered = render(name, namespace, training.spec, owner=body)
+    except ConfigError as exc:
+        RECONCILES.labels("invalid").inc()
+        report_invalid(api, body, exc.errors, logger)
+        return
+
+    jobset_name = rendered.names.jobset
+    applied_spec = _without_mutable(spec)
+    jobset = get_jobset(api, namespace, jobset_name)
+    if jobset is None:
+        rendered.jobset["metadata"].setdefault("annotations", {})[APPLIED_SPEC] = json.dumps(
+            applied_spec, sort_keys=True, separators=(",", ":"))
+        ensure_configmap(api, body, rendered.configmap)
+        jobset = create_jobset(api, body, rendered.jobset)
+        logger.info("created JobSet %s and ConfigMap %s", jobset_name, rendered.names.configmap)
+    else:
+        _check_owned(api, body, jobset)
+
+    applied = _applied_spec_of(jobset, applied_spec)
+    refused = st.changed_fields(applied, applied_spec, prefix="spec")
+    RECONCILES.labels("refused" if refused else "applied").inc()
+    # Status describes the gang that runs: after a refused change, that is the applied spec's.
+    running = _parsed_spec(applied) if refused else training.spec
+    if refused:
+        spec_applied = st.Cond(st.ConditionType.SPEC_APPLIED, st.FALSE, st.Reason.SPEC_CHANGE_REFUSED,
+                               st.refused_message(refused))
+        kopf.warn(body, reason=st.Reason.SPEC_CHANGE_REFUSED, message=spec_applied.message)
+    else:
+        spec_applied = st.Cond(st.ConditionType.SPEC_APPLIED, st.TRUE, st.Reason.SPEC_IN_SYNC)
+    if bool(jobset["spec"].get("suspend")) != training.spec.suspend and not _finished(jobset):
+        # Suspend is the one change a JobSet takes while it exists: the JobSet controller stops the
+        # gang's Jobs and recreates them on resume (from the last checkpoint).
+        set_jobset_suspend(api, namespace, jobset_name, training.spec.suspend)
+        logger.info("JobSet %s: suspend=%s", jobset_name, training.spec.suspend)
+
+    fixed = {
+        "observedGeneration": generation,
+        "jobSetName": jobset_name,
+        "configMapName": rendered.names.configmap,
+    }
+    if running is not None:
+        fixed.update(nodes=running.nodes, gpusPerNode=running.gpus_per_node, worldSize=running.world_size)
+    conditions = (st.Cond(st.ConditionType.VALID, st.TRUE, st.Reason.SPEC_VALID),
+                  st.Cond(st.ConditionType.CREATED, st.TRUE, st.Reason.JOBSET_CREATED,
+                          f"JobSet {jobset_name}, ConfigMap {rendered.names.configmap}"),
+                  spec_applied)
+
+    def compute(parent: Mapping, current: Mapping) -> dict:
+        desired = observe(api, namespace, jobset_name, parent, current)
+        desired.update(fixed)
+        desired["conditions"] = st.upsert_conditions(desired.get("conditions") or [], conditions,
+                                                     now=now(), generation=generation)
+        return desired
+
+    write_status(api, namespace, name, uid, compute)
+
+
+def report_invalid(api: kubernetes.client.ApiClient, body: kopf.Body, errors: list[tuple[str, str]],
+                   logger: logging.Logger) -> None:
+    """A spec that can never work: say which field and why, in status and as a Warning event.
+
+    Not a raised kopf.PermanentError: that would mark the handler failed for good, and the next
+    edit that fixes the spec must still be reconciled. A JobSet that already runs keeps running:
+    only the edit is refused.
+    """
+    message = st.invalid_spec_message(errors)
+    logger.warning("invalid spec: %s", message)
+    kopf.warn(body, reason=st.Reason.INVALID_SPEC, message=message)
+    generation = body.metadata.get("generation")
+    name, namespace = body.metadata["name"], body.metadata["namespace"]
+    jobset_name = (body.get("status") or {}).get("jobSetName")
+
+    def compute(parent: Mapping, current: Mapping) -> dict:
+        invalid = st.Cond(st.ConditionType.VALID, st.FALSE, st.Reason.INVALID_SPEC, message)
+        if jobset_name and get_jobset(api, namespace, jobset_name) is not None:
+            desired = dict(current)
+            updates = (invalid, st.Cond(st.ConditionType.SPEC_APPLIED, st.FALSE, st.Reason.INVALID_SPEC, message))
+        else:
+            desired = {**current, "phase": st.Phase.FAILED, "message": message}
+            updates = (invalid, st.Cond(st.ConditionType.FAILED, st.TRUE, st.Reason.INVALID_SPEC, message))
+        desired["observedGeneration"] = generation
+        desired["conditions"] = st.upsert_conditions(current.get("conditions") or [], updates,
+                                                     now=now(), generation=generation)
+        return desired
+
+    write_status(api, namespace, name, body.metadata["uid"], compute)
+
+
+# --------------------------------------------------------------------------- JobSet watch
+
+
+@kopf.on.event(JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL, labels={TRAINING_LABEL: kopf.PRESENT})
+def jobset_changed(body: kopf.Body, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+    """The JobSet controller moved: mirror it. The event is only a trigger; write_status re-reads."""
+    owner = _owner_ref(body)
+    if owner is None:
+        return
+    api = memo.api_client
+    jobset_name = body.metadata["name"]
+
+    def compute(parent: Mapping, current: Mapping) -> dict:
+        return observe(api, namespace, jobset_name, parent, current)
+
+    write_status(api, namespace, owner["name"], owner["uid"], compute)
+
+
+def observe(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str, parent: Mapping,
+            current: Mapping) -> dict:
+    jobset = get_jobset(api, namespace, jobset_name)
+    if jobset is None and not current.get("jobSetName"):
+        return dict(current)  # never created (invalid spec): nothing to mirror
+    stamp = now()
+    observation = st.observe_jobset(jobset, previous_phase=current.get("phase"),
+                                    previous_start_time=current.get("startTime"), now=stamp)
+    return st.merge_status(current, observation, now=stamp, generation=parent["metadata"].get("generation"))
+
+
+# ------------------------------------------------------------------------------ API calls
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def write_status(api: kubernetes.client.ApiClient, namespace: str, name: str, uid: str,
+                 compute: Callable[[Mapping, Mapping], dict], attempts: int = 8) -> None:
+    """Read the training, compute its desired status, patch what changed, retry on conflict."""
+    custom = kubernetes.client.CustomObjectsApi(api)
+    for _attempt in range(attempts):
+        try:
+            parent = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return
+            raise
+        meta = parent["metadata"]
+        if meta["uid"] != uid or meta.get("deletionTimestamp"):
+            return  # a newer object with the same name, or on its way out: not ours to describe
+        current = parent.get("status") or {}
+        patch = st.status_patch(current, compute(parent, current))
+        if patch is None:
+            return
+        body = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": patch}
+        try:
+            custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name, body)
+            STATUS_PATCHES.inc()
+            return
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+    raise kopf.TemporaryError(f"status of {namespace}/{name} kept changing; retrying", delay=1)
+
+
+def get_jobset(api: kubernetes.client.ApiClient, namespace: str, name: str) -> Optional[dict]:
+    try:
+        return kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object(
+            JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, name)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def create_jobset(api: kubernetes.client.ApiClient, owner: kopf.Body, jobset: dict) -> dict:
+    """Create, or adopt the one a previous attempt created (409): never a second JobSet."""
+    namespace = jobset["metadata"]["namespace"]
+    try:
+        return kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
+            JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, jobset)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    existing = get_jobset(api, namespace, jobset["metadata"]["name"])
+    if existing is None:  # deleted between our create and read: let kopf call us again
+        raise kopf.TemporaryError("JobSet vanished while being created", delay=1)
+    _check_owned(api, owner, existing)
+    return existing
+
+
+def ensure_configmap(api: kubernetes.client.ApiClient, owner: kopf.Body, configmap: dict) -> None:
+    """Create the ConfigMap, or bring ours up to date: it may be left from an attempt that stopped
+    before its JobSet was created, with an older spec."""
+    core = kubernetes.client.CoreV1Api(api)
+    namespace, name = configmap["metadata"]["namespace"], configmap["metadata"]["name"]
+    try:
+        core.create_namespaced_config_map(namespace, configmap)
+        return
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    existing = core.read_namespaced_config_map(name, namespace)
+    _check_owned(api, owner, {"kind": "ConfigMap", **api.sanitize_for_serialization(existing)})
+    if existing.data != configmap.get("data"):
+        core.patch_namespaced_config_map(name, namespace, {"data": configmap.get("data")})
+
+
+def set_jobset_suspend(api: kubernetes.client.ApiClient, namespace: str, name: str, suspend: bool) -> None:
+    kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, name, {"spec": {"suspend": suspend}})
+
+
+def _check_owned(api: kubernetes.client.ApiClient, owner: kopf.Body, child: Mapping) -> None:
+    """A same-named child that is not ours (another tool's, or the previous incarnation's still
+    being garbage-collected) is never touched; the condition says so and kopf retries later."""
+    uid = owner.metadata["uid"]
+    if any(ref.get("uid") == uid for ref in child["metadata"].get("ownerReferences") or []):
+        return
+    kind = child.get("kind") or "object"
+    message = f"{kind} {child['metadata']['name']} exists and is not owned by this TranslationTraining"
+    conflict = st.Cond(st.ConditionType.CREATED, st.FALSE, st.Reason.NAME_CONFLICT, message)
+    generation = owner.metadata.get("generation")
+    write_status(api, owner.metadata["namespace"], owner.metadata["name"], uid, lambda parent, current: {
+        **current, "conditions": st.upsert_conditions(current.get("conditions") or [], [conflict],
+                                                      now=now(), generation=generation)})
+    raise kopf.TemporaryError(message, delay=30)
+
+
+def _owner_ref(child: Mapping) -> Optional[Mapping]:
+    for ref in child.get("metadata", {}).get("ownerReferences") or []:
+        if ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(f"{GROUP}/"):
+            return ref
+    return None
+
+
+def _without_mutable(spec: Mapping) -> dict:
+    return {k: v for k, v in _plain(spec).items() if k not in MUTABLE_FIELDS}
+
+
+def _applied_spec_of(jobset: Mapping, default: dict) -> dict:
+    raw = (jobset["metadata"].get("annotations") or {}).get(APPLIED_SPEC)
+    try:
+        return json.loads(raw) if raw else default
+    except ValueError:
+        return default
+
+
+def _parsed_spec(spec: Mapping) -> Optional[TranslationTrainingSpec]:
+    """The spec a JobSet was built from (it was valid then); None if it no longer parses."""
+    try:
+        return parse_spec(spec, allow_host_path=True)
+    except ConfigError:
+        return None
+
+
+def _finished(jobset: Mapping) -> bool:
+    return any(c.get("type") in ("Completed", "Failed") and c.get("status") == st.TRUE
+               for c in (jobset.get("status") or {}).get("conditions") or [])
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value

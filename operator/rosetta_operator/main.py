@@ -1,0 +1,28 @@
+"""`rosetta operator`: run the kopf operator in this process.
+
+Equivalent to `kopf run -m rosetta_operator.handlers --standalone --liveness=http://0.0.0.0:8080/healthz -A`
+plus the CLI's own flags (passed to the startup hook through kopf's memo).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def run(args: argparse.Namespace) -> int:
+    import kopf
+
+    import rosetta_operator.handlers  # noqa: F401  (registers the handlers)
+
+    namespaces = list(args.namespaces or [])
+    clusterwide = bool(args.all_namespaces) or not namespaces
+    kopf.configure(verbose=False)
+    memo = kopf.Memo(allow_host_path=bool(args.allow_host_path), metrics_port=int(args.metrics_port or 0))
+    kopf.run(
+        clusterwide=clusterwide,
+        namespaces=[] if clusterwide else namespaces,
+        # 0.0.0.0: the kubelet probes the pod IP.
+        liveness_endpoint=f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None,
+        memo=memo,
+    )
+    return 0

@@ -1,0 +1,299 @@
+"""JobSet state → TranslationTraining status. Pure: no I/O, no clock (callers pass `now`).
+
+The handlers read a JobSet, call `observe_jobset` and `merge_status`, and patch only when
+`status_patch` says something changed. Everything a user can `kubectl wait --for=condition=…` on is
+named in `ConditionType`, and every reason is a constant in `Reason`, so scripts and alerts can
+match on them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Optional
+
+
+class Phase:
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUSPENDED = "Suspended"
+    RESTARTING = "Restarting"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+    TERMINAL = frozenset({SUCCEEDED, FAILED})
+
+
+class ConditionType:
+    VALID = "Valid"                # the spec passed validation
+    CREATED = "Created"            # the ConfigMap and JobSet exist and are ours
+    SPEC_APPLIED = "SpecApplied"   # the running JobSet matches the spec (False: a change was refused)
+    RUNNING = "Running"            # every node's job is ready
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+    # The conditions that mirror the JobSet; always all present so `kubectl wait` never sees a gap.
+    FROM_JOBSET = (RUNNING, SUSPENDED, SUCCEEDED, FAILED)
+
+
+class Reason:
+    SPEC_VALID = "SpecValid"
+    INVALID_SPEC = "InvalidSpec"
+    JOBSET_CREATED = "JobSetCreated"
+    NAME_CONFLICT = "NameConflict"
+    JOBSET_DELETED = "JobSetDeleted"
+    SPEC_IN_SYNC = "SpecInSync"
+    SPEC_CHANGE_REFUSED = "SpecChangeRefused"
+    JOBS_STARTING = "JobsStarting"
+    ALL_JOBS_READY = "AllJobsReady"
+    RESTARTING = "Restarting"
+    SUSPEND_REQUESTED = "SuspendRequested"
+    RESUMING = "Resuming"
+    NOT_SUSPENDED = "NotSuspended"
+    JOBSET_COMPLETED = "JobSetCompleted"
+    JOBSET_FAILED = "JobSetFailed"
+    NOT_FINISHED = "NotFinished"
+
+
+TRUE, FALSE = "True", "False"
+
+# Event and condition messages are read by humans in `kubectl describe`; a pydantic error list for a
+# large spec can run to kilobytes, and the apiserver rejects events over 1 KiB of message anyway.
+MAX_MESSAGE = 1024
+
+
+def truncate(text: str, limit: int = MAX_MESSAGE) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def invalid_spec_message(errors: Iterable[tuple[str, str]]) -> str:
+    """`spec.nodes: must be ≥ 1; spec.image: field required` — field first, so a reader sees which."""
+    return truncate("; ".join(f"{path}: {message}" for path, message in errors) or "invalid spec")
+
+
+@dataclass(frozen=True)
+class Cond:
+    type: str
+    status: str
+    reason: str
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the JobSet says, in our words."""
+
+    phase: str
+    message: Optional[str]           # None: keep the current message
+    conditions: tuple[Cond, ...]
+    restarts: Optional[int] = None   # None: keep the current count
+    start_time: Optional[str] = None
+    completion_time: Optional[str] = None
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+
+def changed_fields(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """Dotted paths where two specs differ, at the deepest mapping level (lists count as one value:
+    `spec.env` rather than a guess at which item moved)."""
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        out: list[str] = []
+        for key in sorted(set(old) | set(new), key=str):
+            path = f"{prefix}.{key}" if prefix else str(key)
+            out += changed_fields(old.get(key), new.get(key), path)
+        return out
+    return [] if old == new else [prefix or "(root)"]
+
+
+def refused_message(fields: list[str]) -> str:
+    return truncate(
+        f"cannot change {', '.join(fields)} of an existing training (only spec.suspend can change); "
+        "revert the change, or delete and recreate the TranslationTraining")
+
+
+# ----------------------------------------------------------------------------- JobSet
+
+
+def _jobset_condition(jobset: Mapping, type_: str) -> Optional[Mapping]:
+    for cond in (jobset.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == type_:
+            return cond
+    return None
+
+
+def _is_true(cond: Optional[Mapping]) -> bool:
+    return bool(cond) and cond.get("status") == TRUE
+
+
+def expected_jobs(jobset: Mapping) -> int:
+    """Child Jobs the JobSet runs when healthy: the sum of its replicatedJobs' replicas."""
+    return sum(int(rj.get("replicas", 1)) for rj in (jobset.get("spec") or {}).get("replicatedJobs") or [])
+
+
+def job_counts(jobset: Mapping) -> dict[str, int]:
+    counts = {"ready": 0, "active": 0, "succeeded": 0, "failed": 0, "suspended": 0}
+    for rjs in (jobset.get("status") or {}).get("replicatedJobsStatus") or []:
+        for key in counts:
+            counts[key] += int(rjs.get(key) or 0)
+    return counts
+
+
+def _jobset_conditions(running: Cond, suspended: Cond, succeeded: Cond, failed: Cond) -> tuple[Cond, ...]:
+    return (running, suspended, succeeded, failed)
+
+
+def observe_jobset(jobset: Optional[Mapping], *, previous_phase: Optional[str] = None,
+                   previous_start_time: Optional[str] = None, now: str = "") -> Observation:
+    """Map a JobSet (spec + status, as read from the API) to our phase and conditions.
+
+    Precedence follows what a user would want to know first: finished beats suspended beats
+    restarting beats running. `jobset=None` means it is gone: after a finish that is the JobSet's own
+    ttlSecondsAfterFinished and changes nothing; before, somebody deleted it and training is lost.
+    """
+    not_suspended = Cond(ConditionType.SUSPENDED, FALSE, Reason.NOT_SUSPENDED)
+    not_succeeded = Cond(ConditionType.SUCCEEDED, FALSE, Reason.NOT_FINISHED)
+    not_failed = Cond(ConditionType.FAILED, FALSE, Reason.NOT_FINISHED)
+
+    if jobset is None:
+        if previous_phase in Phase.TERMINAL:
+            return Observation(previous_phase, None, (), start_time=previous_start_time)
+        message = "the JobSet was deleted before training finished"
+        return Observation(
+            Phase.FAILED, message,
+            _jobset_conditions(Cond(ConditionType.RUNNING, FALSE, Reason.JOBSET_DELETED, message),
+                               not_suspended, not_succeeded,
+                               Cond(ConditionType.FAILED, TRUE, Reason.JOBSET_DELETED, message)),
+            start_time=previous_start_time, completion_time=now or None,
+        )
+
+    status = jobset.get("status") or {}
+    restarts = int(status.get("restarts") or 0)
+    counts = job_counts(jobset)
+    expected = expected_jobs(jobset)
+    ready_text = f"{counts['ready']}/{expected} jobs ready"
+    start_time = previous_start_time
+
+    completed = _jobset_condition(jobset, "Completed")
+    failed = _jobset_condition(jobset, "Failed")
+    if _is_true(completed):
+        message = completed.get("message") or "all jobs completed"
+        return Observation(
+            Phase.SUCCEEDED, message,
+            _jobset_conditions(Cond(ConditionType.RUNNING, FALSE, Reason.JOBSET_COMPLETED, message),
+                               not_suspended,
+                               Cond(ConditionType.SUCCEEDED, TRUE, Reason.JOBSET_COMPLETED, message),
+                               not_failed),
+            restarts, start_time, completed.get("lastTransitionTime") or now or None,
+        )
+    if _is_true(failed):
+        # JobSet reasons (FailedJobs, ReachedMaxRestarts, …) say why; keep them in our message.
+        message = ": ".join(p for p in (failed.get("reason"), failed.get("message")) if p) or "the JobSet failed"
+        return Observation(
+            Phase.FAILED, truncate(message),
+            _jobset_conditions(Cond(ConditionType.RUNNING, FALSE, Reason.JOBSET_FAILED, truncate(message)),
+                               not_suspended, not_succeeded,
+                               Cond(ConditionType.FAILED, TRUE, Reason.JOBSET_FAILED, truncate(message))),
+            restarts, start_time, failed.get("lastTransitionTime") or now or None,
+        )
+
+    suspend_requested = bool((jobset.get("spec") or {}).get("suspend"))
+    if suspend_requested or _is_true(_jobset_condition(jobset, "Suspended")):
+        # spec.suspend is ours (we patch it); the condition is the JobSet controller catching up.
+        reason = Reason.SUSPEND_REQUESTED if suspend_requested else Reason.RESUMING
+        message = "suspended: jobs are stopped" if suspend_requested else "resuming: waiting for the JobSet controller"
+        return Observation(
+            Phase.SUSPENDED, message,
+            _jobset_conditions(Cond(ConditionType.RUNNING, FALSE, reason, message),
+                               Cond(ConditionType.SUSPENDED, TRUE, reason, message),
+                               not_succeeded, not_failed),
+            restarts, start_time,
+        )
+
+    if expected and counts["ready"] >= expected:
+        message = f"running: {ready_text}"
+        return Observation(
+            Phase.RUNNING, message,
+            _jobset_conditions(Cond(ConditionType.RUNNING, TRUE, Reason.ALL_JOBS_READY, message),
+                               not_suspended, not_succeeded, not_failed),
+            restarts, start_time or now or None,
+        )
+
+    if restarts:
+        message = f"restart {restarts}: {ready_text}"
+        reason = Reason.RESTARTING
+        phase = Phase.RESTARTING
+    else:
+        message = f"starting: {ready_text}"
+        reason = Reason.JOBS_STARTING
+        phase = Phase.PENDING
+    return Observation(
+        phase, message,
+        _jobset_conditions(Cond(ConditionType.RUNNING, FALSE, reason, message),
+                           not_suspended, not_succeeded, not_failed),
+        restarts, start_time,
+    )
+
+
+# -------------------------------------------------------------------------- conditions
+
+
+def upsert_conditions(existing: Iterable[Mapping], updates: Iterable[Cond], *, now: str,
+                      generation: Optional[int] = None) -> list[dict]:
+    """Replace conditions by type, keeping lastTransitionTime when the status did not change.
+
+    Order is stable: existing types keep their place, new types are appended, so a status that did
+    not change compares equal and is not patched.
+    """
+    out = [dict(c) for c in existing or []]
+    index = {c.get("type"): i for i, c in enumerate(out)}
+    for upd in updates:
+        new = {"type": upd.type, "status": upd.status, "reason": upd.reason, "message": upd.message}
+        if generation is not None:
+            new["observedGeneration"] = generation
+        i = index.get(upd.type)
+        if i is None:
+            new["lastTransitionTime"] = now
+            index[upd.type] = len(out)
+            out.append(new)
+            continue
+        old = out[i]
+        same = old.get("status") == upd.status
+        new["lastTransitionTime"] = old.get("lastTransitionTime", now) if same else now
+        out[i] = new
+    return out
+
+
+def condition(status: Mapping, type_: str) -> Optional[Mapping]:
+    for cond in (status or {}).get("conditions") or []:
+        if cond.get("type") == type_:
+            return cond
+    return None
+
+
+def merge_status(current: Mapping, observation: Observation, *, now: str,
+                 generation: Optional[int] = None) -> dict:
+    """The whole desired status: `current` with the observation folded in."""
+    desired = dict(current or {})
+    desired["phase"] = observation.phase
+    if observation.message is not None:
+        desired["message"] = observation.message
+    if observation.conditions:
+        desired["conditions"] = upsert_conditions(
+            desired.get("conditions") or [], observation.conditions, now=now, generation=generation)
+    if observation.restarts is not None:
+        desired["restarts"] = observation.restarts
+    if observation.start_time:
+        desired["startTime"] = observation.start_time
+    if observation.completion_time and not desired.get("completionTime"):
+        desired["completionTime"] = observation.completion_time
+    desired.update(observation.fields)
+    return desired
+
+
+def status_patch(current: Mapping, desired: Mapping) -> Optional[dict]:
+    """The merge patch turning `current` into `desired`, or None when nothing changed.
+
+    Only keys in `desired` are compared: fields other writers own (progress, filled by the trainer's
+    reporter) are left alone. Lists are replaced whole, as a JSON merge patch does.
+    """
+    patch = {k: v for k, v in desired.items() if (current or {}).get(k) != v}
+    return patch or None

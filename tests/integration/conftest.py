@@ -1,0 +1,218 @@
+"""A real control plane for the operator: etcd + kube-apiserver + kube-controller-manager (v1.20).
+
+Session scope: the control plane, both CRDs (ours from crd.build_crd(), JobSet's from the shared
+k8s folder next to the repository) and a kubernetes client logged in as a system:masters admin.
+Test scope: a fresh namespace, and the operator itself running in this process (kopf's KopfRunner).
+
+No JobSet controller runs here: tests play it by patching JobSet .status through its status
+subresource. The kube-controller-manager runs only its garbage collector and namespace controller.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED_K8S = REPO.parent / "shared" / "k8s"
+JOBSET_CRD = SHARED_K8S / "jobset-crd-v0.12.0-k8s1.20.yaml"
+
+sys.path.insert(0, str(REPO / "tests" / "envtest"))
+from control_plane import ControlPlane, ControlPlaneError, cache_dir, find_assets  # noqa: E402
+
+# Short polls: every wait below ends as soon as the API shows what it waits for.
+POLL = 0.1
+TIMEOUT = 20.0
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout: float = TIMEOUT) -> Any:
+    """Poll `check` until it returns something truthy; fail with `what` and the last value seen."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        last = check()
+        if last:
+            return last
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}; last seen: {last!r}")
+        time.sleep(POLL)
+
+
+class Cluster:
+    """What a test needs of the control plane."""
+
+    def __init__(self, cp: ControlPlane):
+        import kubernetes
+
+        self.cp = cp
+        self.kubeconfig = str(cp.kubeconfig)
+        self.kubectl = cp.kubectl
+        self.api = kubernetes.config.new_client_from_config(config_file=self.kubeconfig)
+        self.core = kubernetes.client.CoreV1Api(self.api)
+        self.custom = kubernetes.client.CustomObjectsApi(self.api)
+        self.ext = kubernetes.client.ApiextensionsV1Api(self.api)
+
+    def install_crd(self, crd: dict, timeout: float = 30) -> None:
+        self.ext.create_custom_resource_definition(crd)
+        name = crd["metadata"]["name"]
+
+        def established():
+            got = self.ext.read_custom_resource_definition(name)
+            return any(c.type == "Established" and c.status == "True" for c in got.status.conditions or [])
+
+        wait_for(established, f"CRD {name} to be Established", timeout)
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {name} ---\n{self.cp.logs(name, 15)}" for name in self.cp.procs)
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    if not JOBSET_CRD.exists():
+        pytest.skip(f"the JobSet CRD for a 1.20 apiserver is not at {JOBSET_CRD} (a checkout without ../shared)")
+    from rosetta_operator.crd import build_crd
+
+    # The build (first run on a machine, ~5 min) logs here; any failure below names it.
+    log = cache_dir().parent / "build-control-plane.log"
+    try:
+        assets = find_assets(build=True, log=log)
+    except (ControlPlaneError, OSError) as exc:
+        pytest.fail(f"cannot get the control plane binaries: {exc}\n(build log, when built here: {log})",
+                    pytrace=False)
+    cp = ControlPlane(assets)
+    try:
+        cp.start()
+    except (ControlPlaneError, OSError) as exc:
+        cp.stop()
+        pytest.fail(f"cannot start the control plane from {assets.origin}: {exc}\n(build log: {log})",
+                    pytrace=False)
+    try:
+        cluster = Cluster(cp)
+        cluster.install_crd(build_crd())
+        cluster.install_crd(yaml.safe_load(JOBSET_CRD.read_text()))
+        # After the CRDs: the garbage collector must know JobSets to collect them.
+        cp.start_controller_manager()
+        yield cluster
+    except ControlPlaneError as exc:
+        pytest.fail(f"control plane: {exc}\n(build log: {log})", pytrace=False)
+    finally:
+        cp.stop()
+
+
+def point_kubernetes_client_at(kubeconfig: str) -> None:
+    """The operator's startup hook and kopf's login call `load_kube_config()` with no file: the
+    client library takes $KUBECONFIG, but reads it once, when it is first imported."""
+    from kubernetes.config import kube_config
+
+    os.environ["KUBECONFIG"] = kube_config.KUBE_CONFIG_DEFAULT_LOCATION = kubeconfig
+    os.environ.pop("KUBERNETES_SERVICE_HOST", None)  # in-cluster config would win over KUBECONFIG
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _restore_kubeconfig() -> Iterator[None]:
+    """Whatever the tests point the client at, the rest of the session gets the user's setting back."""
+    from kubernetes.config import kube_config
+
+    saved_env = {k: os.environ.get(k) for k in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
+    saved_default = kube_config.KUBE_CONFIG_DEFAULT_LOCATION
+    yield
+    kube_config.KUBE_CONFIG_DEFAULT_LOCATION = saved_default
+    for key, value in saved_env.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture
+def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    base = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"{base}-{uuid.uuid4().hex[:5]}"
+    cluster.core.create_namespace({"metadata": {"name": name}})
+    yield name
+    # The namespace controller deletes what is left; nobody waits for it.
+    cluster.core.delete_namespace(name)
+
+
+class Operator:
+    """The operator in this process, exactly as `kopf run -m rosetta_operator.handlers` runs it.
+
+    `start()` / `stop()` may be called more than once: a restart is a new KopfRunner, with new
+    settings and memo, against the same API state.
+    """
+
+    def __init__(self, cluster: Cluster):
+        self.cluster = cluster
+        self.runner = None
+        self.outputs: list[str] = []
+        self.records = _Records()
+
+    def start(self) -> None:
+        from kopf.testing import KopfRunner
+
+        assert self.runner is None, "the operator already runs"
+        point_kubernetes_client_at(self.cluster.kubeconfig)
+        self.records.records = []
+        logging.getLogger("kopf.objects").addHandler(self.records)
+        self.runner = KopfRunner(["run", "-A", "--standalone", "-m", "rosetta_operator.handlers"],
+                                 timeout=30)
+        self.runner.__enter__()
+
+    def stop(self) -> None:
+        runner, self.runner = self.runner, None
+        if runner is None:
+            return
+        try:
+            runner.__exit__(None, None, None)
+        finally:
+            logging.getLogger("kopf.objects").removeHandler(self.records)
+        self.outputs.append(runner.output)
+        assert runner.exit_code == 0, f"operator exited with {runner.exit_code}:\n{runner.output[-4000:]}"
+
+    def messages(self, uid: str) -> list[str]:
+        """What this run of the operator logged about one object."""
+        return [r.getMessage() for r in list(self.records.records)
+                if (getattr(r, "k8s_ref", None) or {}).get("uid") == uid]
+
+    @property
+    def running(self) -> bool:
+        return self.runner is not None and self.runner._thread.is_alive()
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def operator(cluster: Cluster) -> Iterator[Operator]:
+    op = Operator(cluster)
+    op.start()
+    try:
+        yield op
+    finally:
+        op.stop()
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """On a failure, the tail of every control-plane log goes into the report."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and call.when == "call":
+        cluster: Optional[Cluster] = item.funcargs.get("cluster") if hasattr(item, "funcargs") else None
+        if cluster is not None:
+            report.sections.append(("control plane logs", cluster.logs()))
