@@ -58,8 +58,8 @@ def test_loss_falls_and_every_output_is_written(write_config, tmp_path):
 def test_resume_continues_exactly_where_it_stopped(write_config, tmp_path):
     """2N steps straight == N steps, then a new process resuming N more (noam: LR ignores the total).
 
-    BPE, because the two runs train their tokenizers independently: the Unigram trainer of
-    `tokenizers` is not bit-reproducible between runs (a resumed run reuses its saved tokenizer).
+    The two runs train their own tokenizers, so this also relies on tokenizer training being
+    deterministic; BPE here, so that a real training covers it (the other tests use Unigram).
     """
     n = 10
     write_config = functools.partial(write_config, {"tokenizer": {"train": {"type": "bpe", "vocabSize": 300}}})

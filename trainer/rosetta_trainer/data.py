@@ -255,8 +255,10 @@ def _read_mtgeneval(src: DataSource, data: DataSpec) -> list[Example]:
     if not present:
         pattern = f"geneval-sentences-{{feminine,masculine}}-{src.split}.en_XX.{{en,XX}}"
         raise DataError(f"{src.path}: no {pattern} files for any of {', '.join(langs)}")
+    # The limit is shared out in whole (feminine, masculine) pairs; only a limit of 1 splits one.
+    pair_limit = None if src.limit is None else max(src.limit // 2, 1)
     out: list[Example] = []
-    for lang, quota in zip(present, _quotas(src.limit, len(present))):
+    for lang, quota in zip(present, _quotas(pair_limit, len(present))):
         files = _mtgeneval_files(root, src.split, lang)
         absent = [str(p) for p in files.values() if not p.exists()]
         if absent:
@@ -274,8 +276,8 @@ def _read_mtgeneval(src: DataSource, data: DataSpec) -> list[Example]:
                     source=text[gender, "source"][i], target=text[gender, "target"][i], target_lang=lang,
                     gender=gender, counterfactual=text[other, "target"][i], pair_id=i,
                 ))
-        out.extend(per_lang[:quota])
-    return out
+        out.extend(per_lang if quota is None else per_lang[:2 * quota])
+    return out if src.limit is None else out[:src.limit]
 
 
 def _read_generated(src: DataSource, data: DataSpec) -> list[Example]:

@@ -74,8 +74,26 @@ def _train_unigram(spec: TokenizerTraining, sentences: list[str], normalizer, pr
     # run, which reorders tied pieces and so changes token ids. Rounded scores with the piece as
     # tie-breaker give every rank and every restart the same ids for the same data.
     specials = [(piece, score) for piece, score in kept if piece in SPECIAL_TOKENS]
-    pieces = sorted(((piece, round(score, 9)) for piece, score in kept if piece not in SPECIAL_TOKENS),
-                    key=lambda item: (-item[1], item[0]))
+    body = [(piece, score) for piece, score in kept if piece not in SPECIAL_TOKENS]
+    # The characters the trainer must keep but never scored get made-up scores (the lowest
+    # score, then 0.0001 more for each next one) in hash-set order, which changes from run to
+    # run: hand that block's scores out in character order instead.
+    low = min((score for _, score in body), default=0.0)
+    steps: dict[int, list[int]] = {}
+    for i, (piece, score) in enumerate(body):
+        k = round((score - low) / 1e-4)
+        if len(piece) == 1 and abs(score - low - k * 1e-4) < 1e-6:
+            steps.setdefault(k, []).append(i)
+    block: list[int] = []
+    k = 0
+    while k in steps:
+        block += steps[k]
+        k += 1
+    chars = sorted(body[i][0] for i in block)
+    scores = sorted((body[i][1] for i in block), reverse=True)
+    for i, piece, score in zip(block, chars, scores):
+        body[i] = (piece, score)
+    pieces = sorted(((piece, round(score, 9)) for piece, score in body), key=lambda item: (-item[1], item[0]))
     specials.sort(key=lambda item: SPECIAL_TOKENS.index(item[0]))
     return models.Unigram(specials + pieces, unk_id=UNK_ID, byte_fallback=False)
 
