@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: install
-	$(VENV)/bin/rosetta train -f examples/quickstart.yaml --output runs/quickstart
+	$(VENV)/bin/rosetta run -f examples/quickstart.yaml --output runs/quickstart
 
 test: install
 	$(PY) -m pytest

@@ -1,4 +1,4 @@
-"""Operator subcommands of `rosetta`: crd, render, validate, operator.
+"""Operator subcommands of `rosetta`: crd, render, validate, run, operator.
 
 Module-level imports stay light (no kopf, no kubernetes) because rosetta_trainer.cli
 imports this module for every command, `rosetta train` included.
@@ -27,6 +27,18 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE")
     p.add_argument("--allow-host-path", action="store_true", help="accept hostPath volumes")
     p.set_defaults(func=_cmd_validate)
+
+    p = sub.add_parser("run", help="run a TranslationTraining's pods as local processes (no cluster needed)")
+    p.add_argument("-f", "--file", required=True, help="TranslationTraining YAML")
+    p.add_argument("-o", "--output", help="run directory (default: runs/<metadata.name>)")
+    p.add_argument("--volume", action="append", default=[], metavar="NAME=LOCAL_DIR",
+                   help="mount the pod volume NAME from this directory (repeatable; default: under the output)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
+                   help="override a field, e.g. --set spec.nodes=2 (repeatable)")
+    p.add_argument("--allow-host-path", action="store_true", help="accept hostPath volumes")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true", help="pod logs only to the log files, not the terminal")
+    p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("operator", help="run the Kubernetes operator (kopf)")
     p.add_argument("--namespace", action="append", default=[], dest="namespaces", metavar="NS",
@@ -77,6 +89,19 @@ def _cmd_validate(args) -> int:
 
 def _count(n: int, noun: str, plural: str = "s") -> str:
     return f"{n} {noun}{plural * (n != 1)}"
+
+
+def _cmd_run(args) -> int:
+    from rosetta_operator.local.pods import LocalRunError
+    from rosetta_operator.local.runner import run
+
+    try:
+        return run(args.file, output=args.output, volumes=args.volume, overrides=args.overrides,
+                   allow_host_path=args.allow_host_path, progress=not args.no_progress and sys.stderr.isatty(),
+                   quiet=args.quiet)
+    except LocalRunError as exc:
+        print(f"rosetta run: {exc}", file=sys.stderr)
+        return 2
 
 
 def _cmd_operator(args) -> int:

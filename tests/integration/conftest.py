@@ -22,57 +22,9 @@ from typing import Any, Callable, Iterator, Optional
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-SHARED_K8S = REPO.parent / "shared" / "k8s"
-JOBSET_CRD = SHARED_K8S / "jobset-crd-v0.12.0-k8s1.20.yaml"
-
-sys.path.insert(0, str(REPO / "tests" / "envtest"))
-from control_plane import ControlPlane, ControlPlaneError, cache_dir, find_assets  # noqa: E402
-
-# Short polls: every wait below ends as soon as the API shows what it waits for.
-POLL = 0.1
-TIMEOUT = 20.0
-
-
-def wait_for(check: Callable[[], Any], what: str, timeout: float = TIMEOUT) -> Any:
-    """Poll `check` until it returns something truthy; fail with `what` and the last value seen."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        last = check()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}; last seen: {last!r}")
-        time.sleep(POLL)
-
-
-class Cluster:
-    """What a test needs of the control plane."""
-
-    def __init__(self, cp: ControlPlane):
-        import kubernetes
-
-        self.cp = cp
-        self.kubeconfig = str(cp.kubeconfig)
-        self.kubectl = cp.kubectl
-        self.api = kubernetes.config.new_client_from_config(config_file=self.kubeconfig)
-        self.core = kubernetes.client.CoreV1Api(self.api)
-        self.custom = kubernetes.client.CustomObjectsApi(self.api)
-        self.ext = kubernetes.client.ApiextensionsV1Api(self.api)
-
-    def install_crd(self, crd: dict, timeout: float = 30) -> None:
-        self.ext.create_custom_resource_definition(crd)
-        name = crd["metadata"]["name"]
-
-        def established():
-            got = self.ext.read_custom_resource_definition(name)
-            return any(c.type == "Established" and c.status == "True" for c in got.status.conditions or [])
-
-        wait_for(established, f"CRD {name} to be Established", timeout)
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {name} ---\n{self.cp.logs(name, 15)}" for name in self.cp.procs)
+from support.cluster import (  # noqa: F401  (re-exported for the tests)
+    JOBSET_CRD, REPO, SHARED_K8S, TIMEOUT, Cluster, ControlPlane, ControlPlaneError, cache_dir, find_assets, wait_for,
+)
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ import yaml
 from kubernetes.client.rest import ApiException
 
 from control_plane import free_port
-from conftest import REPO, Cluster, wait_for
+from support.cluster import REPO, Cluster, wait_for
 from rosetta_operator.status import ConditionType, Phase, Reason
 
 pytestmark = pytest.mark.integration

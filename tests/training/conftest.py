@@ -1,43 +1,11 @@
-"""Tiny real trainings: from-scratch models built from configs, generated data, CPU."""
+"""Fixtures for tiny real trainings (the config itself is in support/training.py)."""
 
-import copy
-import json
 from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-SHARED = ROOT.parent / "shared"
-
-TINY = {
-    "apiVersion": "rosetta.dev/v1alpha1",
-    "kind": "TranslationTraining",
-    "metadata": {"name": "tiny"},
-    "spec": {
-        "model": {"architecture": "transformer", "size": "tiny", "dModel": 32, "encoderLayers": 1,
-                  "decoderLayers": 1, "heads": 2, "ffnDim": 64},
-        "tokenizer": {"train": {"type": "unigram", "vocabSize": 300}},
-        "data": {
-            "sourceLang": "en", "targetLangs": ["de"],
-            "train": [{"format": "generated", "size": 800, "seed": 1}],
-            "validation": [{"format": "generated", "size": 24, "seed": 2}],
-            "maxSourceLength": 48, "maxTargetLength": 48,
-        },
-        "training": {"maxSteps": 20, "batch": {"sentences": 16}, "learningRate": 3e-3, "schedule": "noam",
-                     "warmupSteps": 5, "seed": 7, "logInterval": 1},
-        "checkpoint": {"interval": 10, "keep": 5},
-        "evaluation": {"interval": 10, "beams": 1, "maxSamples": 24, "maxNewTokens": 24},
-        "metrics": {"port": 0, "tensorboard": True},
-    },
-}
-
-
-def deep_update(base: dict, patch: dict) -> dict:
-    out = copy.deepcopy(base)
-    for key, value in patch.items():
-        out[key] = deep_update(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
+from support.training import TINY, deep_update
 
 
 @pytest.fixture
@@ -47,7 +15,3 @@ def write_config(tmp_path):
         path.write_text(yaml.safe_dump(deep_update(TINY, {"spec": patch or {}})))
         return path
     return write
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import SHARED, read_jsonl
+from support.training import SHARED, read_jsonl
 from rosetta_trainer.__main__ import train_from_file
 from rosetta_trainer.checkpoint import complete_checkpoints, latest_checkpoint
 

@@ -34,6 +34,7 @@ def train_from_file(path: str, output: str | None = None, overrides: list[str] |
 def train(document: TrainingDocument, document_yaml: str, output: Path, progress: bool = True) -> dict:
     # Heavy imports here, so that `rosetta --help` and config errors stay instant.
     import torch
+    import transformers
 
     from rosetta_trainer import checkpoint as ckpt
     from rosetta_trainer.batching import encode
@@ -46,6 +47,8 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
 
     spec = document.spec
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # Our own bar and log lines report progress; per-save "Writing model shards" bars are noise.
+    transformers.utils.logging.disable_progress_bar()
     world = init_world(spec.training.device)
     logging.basicConfig(level=logging.INFO if world.is_main else logging.WARNING,
                         format=f"%(asctime)s rank{world.rank} %(levelname)s %(name)s: %(message)s")
@@ -110,6 +113,8 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
     try:
         summary = trainer.run()
         summary["resumed_from_step"] = state["step"] if state else None
+        # Set by the JobSet (and `rosetta run`) on every pod: how often the gang was restarted.
+        summary["restart_attempt"] = int(os.environ.get("ROSETTA_RESTART_ATTEMPT") or 0)
         summary["output"] = str(output)
         if world.is_main:
             path = telemetry.write_summary(summary)

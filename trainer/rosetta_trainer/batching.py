@@ -7,6 +7,8 @@ has already consumed: that is what makes resume exact.
 
 from __future__ import annotations
 
+import signal
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -130,4 +132,12 @@ def iterate(corpus: EncodedCorpus, batches: list[list[int]], pad_id: int, start:
     return iter(torch.utils.data.DataLoader(
         remaining, batch_size=None, shuffle=False, num_workers=1, prefetch_factor=4,
         pin_memory=pin_memory, persistent_workers=False, generator=torch.Generator(),
+        worker_init_fn=_ignore_termination,
     ))
+
+
+def _ignore_termination(worker_id: int) -> None:
+    # torchrun stops a worker by signalling its whole process group, the loader process
+    # included. The trainer answers SIGTERM by finishing its step and checkpointing, which
+    # needs the loader alive; the loader still exits with its parent.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -39,7 +39,9 @@ def _add_trainer_commands(sub: argparse._SubParsersAction) -> None:
 def _cmd_train(args) -> int:
     from rosetta_trainer.__main__ import train_from_file
 
-    train_from_file(args.file, output=args.output, overrides=args.overrides, progress=not args.no_progress)
+    # A bar on a pipe (pod logs, the local runner) is a stream of carriage returns: only on a terminal.
+    progress = not args.no_progress and sys.stderr.isatty()
+    train_from_file(args.file, output=args.output, overrides=args.overrides, progress=progress)
     return 0
 
 

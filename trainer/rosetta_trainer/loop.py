@@ -279,6 +279,7 @@ class Trainer:
         flops_per_s = flops / seconds if seconds > 0 else None
         record = {
             "step": pos.step,
+            "total_steps": self.total_steps,
             "epoch": round(pos.epoch + pos.batch / max(1, self.batches_per_epoch), 4),
             "loss": loss,
             "lr": self.scheduler.get_last_lr()[0],

@@ -1,0 +1,1 @@
+"""`rosetta run`: the pods of a rendered JobSet as local processes (the embedded default)."""

@@ -1,0 +1,94 @@
+"""`rosetta run -f FILE`: render what the operator would create, then run those pods here.
+
+    output/
+      config/training.yaml      the ConfigMap, paths rewritten to local directories
+      volumes/<name>/           each volume (unless --volume NAME=DIR maps it elsewhere)
+      logs/<pod>.log            each pod's output, every attempt appended
+      pods.json                 the current attempt's pods and process ids
+      plots/*.png               training loss, learning rate, validation BLEU
+      run.json                  the outcome: phase, restarts, exit codes, trainer summary path
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+
+from rosetta_operator.local.pods import (
+    LocalRunError, fit_hardware, free_port, gpu_count, mount_volumes, plan_pods, trainer_output,
+)
+from rosetta_operator.local.progress import TrainingProgress
+from rosetta_operator.local.report import format_table, summary_rows, write_plots
+from rosetta_operator.local.supervisor import LocalJobSet
+from rosetta_operator.render import render
+from rosetta_operator.spec import load_training
+
+DEFAULT_GRACE_SECONDS = 30.0
+
+
+def parse_volume_args(values: list[str]) -> dict[str, Path]:
+    out = {}
+    for value in values:
+        name, sep, path = value.partition("=")
+        if not sep or not name or not path:
+            raise LocalRunError(f"--volume {value!r}: expected NAME=LOCAL_DIR")
+        out[name] = Path(path).expanduser().resolve()
+    return out
+
+
+def run(file: str, *, output: str | None = None, volumes: list[str] = (), overrides: list[str] = (),
+        allow_host_path: bool = False, progress: bool = True, quiet: bool = False) -> int:
+    training = load_training(file, list(overrides), allow_host_path=allow_host_path)
+    spec, name = training.spec, training.metadata.name
+    namespace = training.metadata.namespace or "default"
+    out = Path(output or Path("runs") / name).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    rendered = render(name, namespace, spec)
+    paths = mount_volumes(rendered, out, parse_volume_args(list(volumes)))
+    hardware = fit_hardware(spec.nodes, spec.gpus_per_node, spec.procs, gpu_count())
+    if hardware.note:
+        print(f"[rosetta run] {hardware.note}", file=sys.stderr, flush=True)
+
+    def make_pods(attempt: int):
+        # A fresh rendezvous port per attempt: the last one may linger in TIME_WAIT.
+        return plan_pods(rendered, spec.nodes, paths, hardware, master_port=free_port(), attempt=attempt,
+                         warn=lambda msg: print(f"[rosetta run] {msg}", file=sys.stderr, flush=True))
+
+    first = make_pods(0)
+    trainer_out = trainer_output(first[0])
+    print(f"[rosetta run] {name}: {spec.nodes} pod(s) x {hardware.procs_per_pod} process(es), "
+          f"output {out}", flush=True)
+    bar = TrainingProgress(trainer_out, enabled=progress)
+    sink = (lambda line: None) if quiet else bar.write
+    pods_of = {0: first}
+    grace = spec.termination_grace_period_seconds or DEFAULT_GRACE_SECONDS
+    jobset = LocalJobSet(lambda attempt: pods_of.pop(attempt, None) or make_pods(attempt),
+                         max_restarts=spec.failure_policy.max_restarts, grace_seconds=grace,
+                         output=out, sink=sink, on_tick=bar.tick)
+
+    def on_signal(signum, frame):
+        # Ctrl-C reaches the pods' process groups only through us (they run in new sessions).
+        bar.write(f"[rosetta run] {signal.Signals(signum).name}: stopping every pod (SIGTERM, then SIGKILL "
+                  f"after {grace:.0f}s)")
+        jobset.request_stop(signum)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        outcome = jobset.run()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        bar.close()
+
+    plots = write_plots(trainer_out, out / "plots") if (trainer_out / "metrics.jsonl").exists() else []
+    (out / "run.json").write_text(json.dumps({
+        "phase": outcome.phase, "restarts": outcome.restarts, "exit_codes": outcome.exit_codes,
+        "message": outcome.message, "trainer_output": str(trainer_out),
+        "plots": [str(p) for p in plots], "hardware_note": hardware.note,
+    }, indent=2))
+    print(format_table(summary_rows(outcome, trainer_out, plots)), flush=True)
+    if outcome.phase == "Succeeded":
+        return 0
+    return 130 if outcome.phase == "Stopped" else 1
