@@ -1,4 +1,7 @@
-"""Every shipped TranslationTraining validates, renders, and passes both CRDs' schemas."""
+"""Every shipped TranslationTraining validates, renders, and passes both CRDs' schemas.
+
+manifests/examples/ holds exactly one file per target scenario (SCENARIOS), plus the CPU quickstart.
+"""
 
 from __future__ import annotations
 
@@ -9,25 +12,127 @@ import yaml
 
 from openapi_check import assert_valid_jobset, cel_failures, schema_errors, with_defaults
 from rosetta_operator.crd import build_crd
+from rosetta_operator.profiles import EFA_RESOURCE
 from rosetta_operator.render import render
-from rosetta_operator.spec import load_training
+from rosetta_operator.spec import TranslationTrainingSpec, load_training
 from rosetta_trainer.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
-MANIFESTS = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
+EXAMPLES_DIR = ROOT / "manifests" / "examples"
+MANIFESTS = sorted(EXAMPLES_DIR.glob("*.yaml"))
 EXAMPLES = MANIFESTS + sorted((ROOT / "examples").glob("*.yaml"))
 SCHEMA = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 
-def test_there_are_five_cluster_scenarios():
-    assert len(MANIFESTS) >= 5
+def _pretrained(spec: TranslationTrainingSpec) -> str | None:
+    return spec.model.name
+
+
+# file -> (what it must be, the storage its data and checkpoint PVCs are named after: a substring of
+# both claim names, "" for any PVC, None for no data or checkpoint volume at all)
+SCENARIOS = {
+    "quickstart-cpu.yaml": (
+        lambda s: s.nodes == 2 and s.gpus_per_node == 0 and s.training.device == "cpu",
+        None,
+    ),
+    # (1) t5-small fine-tune on 1 GPU
+    "t5-small-finetune-1gpu.yaml": (
+        lambda s: _pretrained(s) == "t5-small" and s.nodes == 1 and s.gpus_per_node == 1,
+        "",
+    ),
+    # (2) flan-t5-xl with DeepSpeed on one p5 node (8 H100, 32 EFA)
+    "flan-t5-xl-deepspeed-p5.yaml": (
+        lambda s: _pretrained(s) == "google/flan-t5-xl" and s.launcher == "deepspeed" and s.nodes == 1
+        and s.gpus_per_node == 8 and s.network.profile == "eks-p5",
+        "efs",
+    ),
+    # (3) transformer-base from scratch on 4 nodes x 1 GPU with an EFS PVC
+    "transformer-base-4nodes-efs.yaml": (
+        lambda s: s.model.architecture == "transformer" and s.model.size == "base" and s.nodes == 4
+        and s.gpus_per_node == 1,
+        "efs",
+    ),
+    # (4) T5 summarization (ZeRO-3 offload once the spec has it) on 2 nodes x 4 GPUs
+    "t5-summarization-zero3-2x4.yaml": (
+        lambda s: "t5" in (_pretrained(s) or "") and s.launcher == "deepspeed" and s.nodes == 2
+        and s.gpus_per_node == 4
+        and all(src.format == "jsonl" and (src.source_column, src.target_column) == ("document", "summary")
+                for split in (s.data.train, s.data.validation, s.data.test) for src in split),
+        "efs",
+    ),
+    # (5) a GKE A3 run
+    "gke-a3.yaml": (
+        lambda s: s.network.profile == "gke-a3" and s.gpus_per_node == 8,
+        "filestore",
+    ),
+}
+SCENARIO_PATHS = [EXAMPLES_DIR / name for name in SCENARIOS]
+
+
+def test_there_is_exactly_one_file_per_scenario():
+    assert sorted(p.name for p in MANIFESTS) == sorted(SCENARIOS)
+
+
+def test_the_scenarios_cover_the_cluster_features():
     specs = [load_training(path).spec for path in MANIFESTS]
     profiles = {spec.network.profile for spec in specs}
     assert {"generic", "eks-p5", "gke-a3"} <= profiles
     assert any(spec.gpus_per_node == 0 and spec.nodes > 1 for spec in specs)  # multi-node CPU
     assert any(spec.suspend and spec.scheduling.queue_name for spec in specs)  # Kueue
     assert any(spec.scheduling.tolerations for spec in specs)
+    assert any(spec.launcher == "deepspeed" for spec in specs)
     assert any(v.persistent_volume_claim for spec in specs for v in spec.volumes)
+
+
+@pytest.mark.parametrize("path", SCENARIO_PATHS, ids=list(SCENARIOS))
+def test_scenario_is_what_its_file_name_says(path):
+    spec = load_training(path).spec
+    is_scenario, _ = SCENARIOS[path.name]
+    assert is_scenario(spec), f"{path.name} is not the scenario it is named after"
+
+
+@pytest.mark.parametrize("path", SCENARIO_PATHS, ids=list(SCENARIOS))
+def test_scenario_header_says_what_it_runs_and_how(path):
+    text = path.read_text()
+    header = text[:text.index("apiVersion:")]
+    assert text.startswith("# ") and all(line.startswith("#") for line in header.splitlines())
+    rel = path.relative_to(ROOT).as_posix()
+    assert f"kubectl apply -f {rel}" in header
+    assert f"rosetta render -f {rel}" in header
+
+
+@pytest.mark.parametrize("path", SCENARIO_PATHS, ids=list(SCENARIOS))
+def test_scenario_reads_and_writes_mounted_volumes(path):
+    spec = load_training(path).spec
+    _, storage = SCENARIOS[path.name]
+    data, checkpoints = spec.volume_for("data"), spec.volume_for("checkpoints")
+    if storage is None:  # the quickstart: generated corpus, scratch output
+        assert data is None and checkpoints is None
+        return
+    for vol in (data, checkpoints):
+        assert vol is not None and vol.persistent_volume_claim is not None, path.name
+        assert storage in vol.persistent_volume_claim.claim_name, (path.name, vol.name)
+    assert data.read_only
+    files = [getattr(src, field) for split in (spec.data.train, spec.data.validation, spec.data.test)
+             for src in split for field in ("path", "source", "target") if getattr(src, field)]
+    files += [spec.tokenizer.path] if spec.tokenizer.path else []
+    assert files and all(f.startswith(data.mount_path + "/") for f in files), files
+    assert spec.checkpoint.dir is None  # <checkpoints mount>/<name>/checkpoints
+
+
+def test_deepspeed_examples_say_what_the_deepspeed_work_adds():
+    for path in SCENARIO_PATHS:
+        if load_training(path).spec.launcher == "deepspeed":
+            assert "zeroStage" in path.read_text(), path.name
+    assert "task: summarization" in (EXAMPLES_DIR / "t5-summarization-zero3-2x4.yaml").read_text()
+
+
+def test_p5_example_requests_the_nodes_32_efa_devices():
+    training = load_training(EXAMPLES_DIR / "flan-t5-xl-deepspeed-p5.yaml")
+    jobset = render(training.metadata.name, "default", training.spec).jobset
+    (container,) = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"]
+    assert container["resources"]["limits"][EFA_RESOURCE] == 32
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 8
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.relative_to(ROOT).as_posix() for p in EXAMPLES])
