@@ -31,8 +31,14 @@ def truncate_jsonl(path: Path, after_step: int) -> None:
     """Drop lines logged after `after_step`: a resumed run will log those steps again."""
     if not path.exists():
         return
-    kept = [line for line in path.read_text().splitlines()
-            if line.strip() and json.loads(line).get("step", 0) <= after_step]
+    kept = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # the half-written last line of a killed process
+        if record.get("step", 0) <= after_step:
+            kept.append(line)
     path.write_text("".join(line + "\n" for line in kept))
 
 

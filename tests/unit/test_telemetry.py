@@ -1,0 +1,77 @@
+"""Rank 0's outputs: metrics.jsonl/eval.jsonl, rewound on resume, and the Prometheus endpoint."""
+
+import json
+import socket
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from rosetta_trainer.telemetry import Telemetry, truncate_jsonl
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(port: int) -> dict:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+STEP = {"step": 5, "total_steps": 10, "epoch": 0.5, "loss": 2.5, "lr": 1e-3, "tokens_per_s": 1000.0,
+        "samples_per_s": 40.0, "grad_norm": 0.75, "mfu": None, "flops_per_s": 1e9, "step_time_s": 0.1}
+EVAL = {"step": 5, "split": "validation", "bleu": 30.0, "chrf": 55.0,
+        "langs": {"de": {"bleu": 30.0, "chrf": 55.0, "gender": {"gender_gap_bleu": 2.5}}}}
+
+
+def test_prometheus_endpoint_serves_the_logged_figures_with_labels(tmp_path):
+    port = free_port()
+    t = Telemetry(tmp_path, name="run-a", namespace="team", port=port, tensorboard=False, enabled=True)
+    try:
+        assert t.port == port
+        t.set_static(total_steps=10, world_size=2)
+        t.log_step(STEP)
+        t.log_eval(EVAL)
+        t.set_static(last_checkpoint_step=5)
+        got = scrape(port)
+    finally:
+        t.close()
+    run = (("namespace", "team"), ("training", "run-a"))
+    assert got[("rosetta_step", run)] == 5
+    assert got[("rosetta_total_steps", run)] == 10
+    assert got[("rosetta_loss", run)] == 2.5
+    assert got[("rosetta_learning_rate", run)] == 1e-3
+    assert got[("rosetta_tokens_per_second", run)] == 1000
+    assert got[("rosetta_world_size", run)] == 2
+    assert got[("rosetta_last_checkpoint_step", run)] == 5
+    de = tuple(sorted((*run, ("lang", "de"))))
+    assert got[("rosetta_eval_bleu", de)] == 30
+    assert got[("rosetta_eval_chrf", de)] == 55
+    assert got[("rosetta_eval_gender_gap_bleu", de)] == 2.5
+    assert json.loads((tmp_path / "metrics.jsonl").read_text())["loss"] == 2.5
+    assert json.loads((tmp_path / "eval.jsonl").read_text())["langs"]["de"]["bleu"] == 30
+
+
+def test_a_resumed_run_rewinds_its_logs_to_the_checkpoint(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, 8)) + '{"step": 8, "lo')
+    truncate_jsonl(path, after_step=4)
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3, 4]
+
+    t = Telemetry(tmp_path, name="x", namespace=None, port=0, tensorboard=False, enabled=True, resumed_step=4)
+    t.log_step({**STEP, "step": 5})
+    t.close()
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3, 4, 5]
+
+
+def test_a_fresh_run_starts_new_logs_and_other_ranks_write_nothing(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 99}) + "\n")
+    Telemetry(tmp_path, name="x", namespace=None, port=0, tensorboard=False, enabled=True).close()
+    assert not (tmp_path / "metrics.jsonl").exists()
+    other = tmp_path / "rank1"
+    t = Telemetry(other, name="x", namespace=None, port=0, tensorboard=False, enabled=False)
+    t.log_step(STEP)
+    assert t.write_summary({"steps": 1}) is None and not other.exists()
