@@ -34,8 +34,12 @@ def translate(model, tokenizer, sources: list[str], *, beams: int, max_new_token
         idx = order[start: start + batch_sentences]
         enc = tokenizer([sources[i] for i in idx], return_tensors="pt", padding=True,
                         truncation=True, max_length=max_source_length).to(device)
+        # Like fairseq's max_len_a/b: a translation longer than twice its source is a model
+        # that has not learnt to stop yet, and letting it run to max_new_tokens makes early
+        # evaluations (untrained models, beam search, CPU) many times slower for nothing.
+        budget = min(max_new_tokens, 2 * enc["input_ids"].shape[1] + 10)
         generated = model.generate(
-            **enc, num_beams=beams, max_new_tokens=max_new_tokens, do_sample=False,
+            **enc, num_beams=beams, max_new_tokens=budget, do_sample=False,
             early_stopping=beams > 1,
         )
         for i, text in zip(idx, tokenizer.batch_decode(generated, skip_special_tokens=True)):
