@@ -168,3 +168,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
         cluster: Optional[Cluster] = item.funcargs.get("cluster") if hasattr(item, "funcargs") else None
         if cluster is not None:
             report.sections.append(("control plane logs", cluster.logs()))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The first test here pays for the session's control plane, which on a machine without
+    # cached binaries means building them from source (minutes on two cores): give every test
+    # here room for that beyond the suite-wide per-test timeout.
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.timeout(2700))
