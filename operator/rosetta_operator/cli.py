@@ -47,6 +47,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--liveness-port", type=int, default=8080, help="port of the /healthz endpoint")
     p.add_argument("--allow-host-path", action="store_true", help="accept hostPath volumes in specs")
     p.add_argument("--metrics-port", type=int, default=8000, help="port of the operator's Prometheus metrics")
+    p.add_argument("--peering", metavar="NAME",
+                   help="coordinate replicas through this KopfPeering (installed by the Helm chart); "
+                        "default: standalone, one replica")
+    p.add_argument("--progress-interval", type=float, default=15.0, metavar="SECONDS",
+                   help="how often each active training's rank 0 is scraped into status.progress")
     p.set_defaults(func=_cmd_operator)
 
 

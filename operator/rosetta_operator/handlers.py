@@ -5,6 +5,9 @@
         no JobSet yet      → create ConfigMap, then JobSet (owned by the training: deletion is plain GC)
         JobSet exists      → spec.suspend is copied to it; any other change is refused (SpecChangeRefused)
     JobSet event (labelled rosetta.dev/training)  →  jobset_changed()  →  status phase and conditions
+    TranslationTraining with a live JobSet  →  report_progress() daemon, every --progress-interval s:
+        rank 0's pod IP → GET :spec.metrics.port/metrics → progress.py → status.progress (on change)
+    any TranslationTraining event  →  count_phases()  →  the rosetta_operator_trainings{phase} gauge
 
 Status is written by one helper, `write_status`, with the parent's resourceVersion as a precondition,
 so the reconcile handler and the JobSet watch never overwrite each other's view; it re-reads the JobSet
@@ -13,10 +16,18 @@ each time, so the last writer always saw the newest JobSet. It patches only when
 
 from __future__ import annotations
 
+import asyncio
 import datetime
+import functools
 import json
 import logging
 import os
+import random
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
 from typing import Any, Callable, Mapping, Optional
 
 import kopf
@@ -24,8 +35,10 @@ import kubernetes
 import prometheus_client
 from kubernetes.client.rest import ApiException
 
-from rosetta_trainer.config import API_VERSION, KIND, ConfigError
+from rosetta_trainer.config import API_VERSION, KIND, ConfigError, MetricsSpec
+from rosetta_operator import progress as pr
 from rosetta_operator import status as st
+from rosetta_operator.crd import PHASES
 from rosetta_operator.render import TRAINING_LABEL, render
 from rosetta_operator.spec import TranslationTrainingSpec, parse_spec, parse_training
 
@@ -38,13 +51,71 @@ JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL = "jobset.x-k8s.io", "v1alpha2", "jo
 APPLIED_SPEC = "rosetta.dev/applied-spec"
 # Changes that never need a new JobSet. Everything else would mean recreating a running gang.
 MUTABLE_FIELDS = frozenset({"suspend"})
-# The only env knob: the CLI flag --allow-host-path reaches kopf through memo, `kopf run` through this.
+# Env knobs: the CLI flags --allow-host-path and --progress-interval reach kopf through memo,
+# `kopf run` through these.
 ALLOW_HOST_PATH_ENV = "ROSETTA_ALLOW_HOST_PATH"
+PROGRESS_INTERVAL_ENV = "ROSETTA_PROGRESS_INTERVAL"
+DEFAULT_PROGRESS_INTERVAL = 15.0
+# A trainer that does not answer this fast is busy or gone; the next round tries again.
+SCRAPE_TIMEOUT = 3.0
+DEFAULT_METRICS_PORT = MetricsSpec.model_fields["port"].default
+# Phases whose JobSet may have a live rank 0 to scrape.
+ACTIVE_PHASES = frozenset({st.Phase.PENDING, st.Phase.RUNNING, st.Phase.RESTARTING})
 
+# The names are listed in metric_names.OPERATOR_METRICS; docs/observability.md describes them.
 RECONCILES = prometheus_client.Counter(
-    "rosetta_operator_reconciles", "TranslationTraining reconciliations by outcome", ["outcome"])
+    "rosetta_operator_reconciles", "Handler calls by handler and outcome", ["handler", "outcome"])
+RECONCILE_ERRORS = prometheus_client.Counter(
+    "rosetta_operator_reconcile_errors", "Handler calls that raised (kopf retries them)", ["handler"])
+RECONCILE_SECONDS = prometheus_client.Histogram(
+    "rosetta_operator_reconcile_seconds", "Wall seconds per handler call", ["handler"],
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+TRAININGS = prometheus_client.Gauge(
+    "rosetta_operator_trainings", "TranslationTrainings by status.phase (Unknown: no status yet)", ["phase"])
+JOBSETS_CREATED = prometheus_client.Counter(
+    "rosetta_operator_jobsets_created", "JobSets created for TranslationTrainings")
+TIME_TO_RUNNING = prometheus_client.Histogram(
+    "rosetta_operator_time_to_running_seconds",
+    "Seconds from a TranslationTraining's creation to its first Running phase",
+    buckets=(5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400))
 STATUS_PATCHES = prometheus_client.Counter(
     "rosetta_operator_status_patches", "TranslationTraining status patches (only sent on change)")
+PROGRESS_SCRAPES = prometheus_client.Counter(
+    "rosetta_operator_progress_scrapes", "Scrapes of rank 0's metrics by outcome "
+    "(updated, unchanged, no_pod, unreachable, no_step)", ["outcome"])
+for _phase in (*PHASES, "Unknown"):
+    TRAININGS.labels(_phase)  # every phase is exported, 0 when no training is in it
+for _outcome in ("updated", "unchanged", "no_pod", "unreachable", "no_step"):
+    PROGRESS_SCRAPES.labels(_outcome)
+
+_handler_state = threading.local()
+
+
+def record_outcome(outcome: str) -> None:
+    """Name how the running handler call ended (default: ok); the `instrumented` wrapper counts it."""
+    _handler_state.outcome = outcome
+
+
+def instrumented(handler: str) -> Callable:
+    """Count and time every call of a sync handler: outcome, errors, seconds. Sync handlers run in
+    kopf's worker threads, one call per thread at a time, so the outcome is a thread-local."""
+    def decorate(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            _handler_state.outcome = "ok"
+            started = time.perf_counter()
+            try:
+                result = fn(*args, **kwargs)
+            except Exception:
+                RECONCILE_ERRORS.labels(handler).inc()
+                RECONCILES.labels(handler, "error").inc()
+                raise
+            finally:
+                RECONCILE_SECONDS.labels(handler).observe(time.perf_counter() - started)
+            RECONCILES.labels(handler, _handler_state.outcome).inc()
+            return result
+        return wrapper
+    return decorate
 
 
 # ------------------------------------------------------------------------------ startup
@@ -60,10 +131,15 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="rosetta.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="rosetta.dev", key="last-handled-configuration")
-    settings.persistence.finalizer = "rosetta.dev/finalizer"  # only used if a deletion handler appears
-    # One replica is the deployment model (no KopfPeering CRD to install); --peering still works.
+    # Put on a training only while its progress daemon runs (kopf stops daemons before deletion).
+    settings.persistence.finalizer = "rosetta.dev/finalizer"
+    # One replica is the default deployment (no KopfPeering CRD to install). With --peering,
+    # kopf pauses every peer when two share a priority, so each replica draws its own: the
+    # highest acts, the others stand by until it disappears.
     if not settings.peering.mandatory:
         settings.peering.standalone = True
+    elif settings.peering.priority == 0:
+        settings.peering.priority = random.SystemRandom().randint(1, 2**31 - 1)
     # Reconnect watches well before proxies and load balancers cut idle connections.
     settings.watching.server_timeout = 270
     settings.watching.client_timeout = 300
@@ -77,6 +153,12 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
     settings.execution.max_workers = 8
 
     memo.allow_host_path = bool(memo.get("allow_host_path", os.environ.get(ALLOW_HOST_PATH_ENV) == "1"))
+    # How often the progress daemon scrapes each active training's rank 0.
+    memo.progress_interval = float(memo.get("progress_interval")
+                                   or os.environ.get(PROGRESS_INTERVAL_ENV) or DEFAULT_PROGRESS_INTERVAL)
+    # The phase gauge is rebuilt from the watch's initial listing: forget an earlier run's view.
+    _PHASES.clear()
+    _publish_phases()
     try:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
@@ -84,7 +166,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
     memo.api_client = kubernetes.client.ApiClient()
     if memo.get("metrics_port"):
         prometheus_client.start_http_server(memo.metrics_port)
-    logger.info("rosetta operator configured (allow_host_path=%s)", memo.allow_host_path)
+    logger.info("rosetta operator configured (allow_host_path=%s, progress_interval=%ss)",
+                memo.allow_host_path, memo.progress_interval)
 
 
 @kopf.on.cleanup()
@@ -99,6 +182,7 @@ def close_client(memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+@instrumented("reconcile")
 def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str, uid: str, memo: kopf.Memo,
               logger: logging.Logger, **_: Any) -> None:
     """Level-based on purpose: the same function serves create, restart and update, so an operator
@@ -111,7 +195,7 @@ def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str, uid: 
         training = parse_training(document, allow_host_path=memo.allow_host_path)
         rendered = render(name, namespace, training.spec, owner=body)
     except ConfigError as exc:
-        RECONCILES.labels("invalid").inc()
+        record_outcome("invalid")
         report_invalid(api, body, exc.errors, logger)
         return
 
@@ -129,7 +213,7 @@ def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str, uid: 
 
     applied = _applied_spec_of(jobset, applied_spec)
     refused = st.changed_fields(applied, applied_spec, prefix="spec")
-    RECONCILES.labels("refused" if refused else "applied").inc()
+    record_outcome("refused" if refused else "applied")
     # Status describes the gang that runs: after a refused change, that is the applied spec's.
     running = _parsed_spec(applied) if refused else training.spec
     if refused:
@@ -201,10 +285,12 @@ def report_invalid(api: kubernetes.client.ApiClient, body: kopf.Body, errors: li
 
 
 @kopf.on.event(JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL, labels={TRAINING_LABEL: kopf.PRESENT})
+@instrumented("jobset_changed")
 def jobset_changed(body: kopf.Body, namespace: str, memo: kopf.Memo, **_: Any) -> None:
     """The JobSet controller moved: mirror it. The event is only a trigger; write_status re-reads."""
     owner = _owner_ref(body)
     if owner is None:
+        record_outcome("ignored")
         return
     api = memo.api_client
     jobset_name = body.metadata["name"]
@@ -224,6 +310,120 @@ def observe(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str, 
     observation = st.observe_jobset(jobset, previous_phase=current.get("phase"),
                                     previous_start_time=current.get("startTime"), now=stamp)
     return st.merge_status(current, observation, now=stamp, generation=parent["metadata"].get("generation"))
+
+
+# ------------------------------------------------------------------------ phase gauge
+
+_PHASES: dict[str, str] = {}   # uid → phase of every TranslationTraining the watch has seen
+_PHASES_LOCK = threading.Lock()
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def count_phases(event: Mapping, body: kopf.Body, uid: str, **_: Any) -> None:
+    """Keep rosetta_operator_trainings{phase} equal to what the API holds, deletions included."""
+    with _PHASES_LOCK:
+        if event.get("type") == "DELETED":
+            _PHASES.pop(uid, None)
+        else:
+            _PHASES[uid] = (body.get("status") or {}).get("phase") or "Unknown"
+        _publish_phases()
+
+
+def _publish_phases() -> None:
+    counts = Counter(_PHASES.values())
+    for phase in {*PHASES, "Unknown", *counts}:
+        TRAININGS.labels(phase).set(counts.get(phase, 0))
+
+
+def _observe_time_to_running(created: Optional[str], started: str) -> None:
+    try:
+        seconds = (_parse_time(started) - _parse_time(created)).total_seconds()
+    except (TypeError, ValueError):
+        return
+    TIME_TO_RUNNING.observe(max(0.0, seconds))
+
+
+def _parse_time(stamp: Optional[str]) -> datetime.datetime:
+    return datetime.datetime.strptime(str(stamp), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.timezone.utc)
+
+
+# ----------------------------------------------------------------------------- progress
+
+
+def _progress_active(status: Mapping, spec: Mapping, **_: Any) -> bool:
+    return bool(status.get("jobSetName")) and status.get("phase") in ACTIVE_PHASES \
+        and _metrics_port(spec) > 0
+
+
+def _metrics_port(spec: Mapping) -> int:
+    return int((spec.get("metrics") or {}).get("port", DEFAULT_METRICS_PORT) or 0)
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, when=_progress_active, cancellation_timeout=5.0)
+async def report_progress(stopped: kopf.DaemonStopped, name: str, namespace: str, uid: str, memo: kopf.Memo,
+                          logger: logging.Logger, **_: Any) -> None:
+    """While the JobSet is live: scrape rank 0 every memo.progress_interval seconds into
+    status.progress. A daemon rather than a timer so that the interval is set at startup; async so
+    that it holds no worker thread while it waits. kopf stops it when the phase leaves ACTIVE_PHASES
+    (and, like any daemon, keeps a finalizer on the training meanwhile)."""
+    loop = asyncio.get_running_loop()
+    while not stopped:
+        started = time.perf_counter()
+        try:
+            outcome = await loop.run_in_executor(None, update_progress, memo.api_client, namespace, name, uid)
+        except Exception as exc:  # never let a scrape kill the daemon: the next round retries
+            logger.warning("progress: %s", exc)
+            outcome = "error"
+        RECONCILE_SECONDS.labels("progress").observe(time.perf_counter() - started)
+        RECONCILES.labels("progress", outcome).inc()
+        if outcome == "error":
+            RECONCILE_ERRORS.labels("progress").inc()
+        else:
+            PROGRESS_SCRAPES.labels(outcome).inc()
+        await stopped.wait(memo.progress_interval)
+
+
+def update_progress(api: kubernetes.client.ApiClient, namespace: str, name: str, uid: str) -> str:
+    """One round: read the training, find rank 0, scrape it, patch status.progress if it moved."""
+    custom = kubernetes.client.CustomObjectsApi(api)
+    try:
+        training = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    except ApiException as exc:
+        if exc.status == 404:
+            return "no_pod"
+        raise
+    port = _metrics_port(training.get("spec") or {})
+    jobset_name = (training.get("status") or {}).get("jobSetName")
+    if not port or not jobset_name:
+        return "no_pod"
+    pods = kubernetes.client.CoreV1Api(api).list_namespaced_pod(
+        namespace, label_selector=f"{pr.JOBSET_NAME_LABEL}={jobset_name}")
+    pod = pr.rank0_pod([api.sanitize_for_serialization(p) for p in pods.items], jobset_name)
+    if pod is None:
+        return "no_pod"
+    try:
+        with urllib.request.urlopen(pr.metrics_url(pod, port), timeout=SCRAPE_TIMEOUT) as resp:
+            text = resp.read().decode("utf-8", errors="replace")
+    except (OSError, urllib.error.URLError, ValueError):
+        return "unreachable"  # starting, busy or gone: keep the last progress
+    try:
+        metrics = pr.parse_metrics(text)
+    except ValueError:
+        return "unreachable"
+    progress = pr.progress_from(metrics, now=now())
+    if progress is None:
+        return "no_step"
+    outcome = "unchanged"
+
+    def compute(parent: Mapping, current: Mapping) -> dict:
+        nonlocal outcome
+        if not pr.changed(current.get("progress"), progress):
+            return dict(current)
+        outcome = "updated"
+        return {**current, "progress": {**(current.get("progress") or {}), **progress}}
+
+    write_status(api, namespace, name, uid, compute)
+    return outcome
 
 
 # ------------------------------------------------------------------------------ API calls
@@ -255,6 +455,8 @@ def write_status(api: kubernetes.client.ApiClient, namespace: str, name: str, ui
         try:
             custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name, body)
             STATUS_PATCHES.inc()
+            if patch.get("startTime") and not current.get("startTime"):
+                _observe_time_to_running(meta.get("creationTimestamp"), patch["startTime"])
             return
         except ApiException as exc:
             if exc.status != 409:
@@ -276,8 +478,10 @@ def create_jobset(api: kubernetes.client.ApiClient, owner: kopf.Body, jobset: di
     """Create, or adopt the one a previous attempt created (409): never a second JobSet."""
     namespace = jobset["metadata"]["namespace"]
     try:
-        return kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
+        created = kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
             JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, jobset)
+        JOBSETS_CREATED.inc()
+        return created
     except ApiException as exc:
         if exc.status != 409:
             raise

@@ -1,7 +1,8 @@
 """`rosetta operator`: run the kopf operator in this process.
 
 Equivalent to `kopf run -m rosetta_operator.handlers --standalone --liveness=http://0.0.0.0:8080/healthz -A`
-plus the CLI's own flags (passed to the startup hook through kopf's memo).
+plus the CLI's own flags (passed to the startup hook through kopf's memo). With `--peering NAME`
+it joins that KopfPeering instead of running standalone, so two replicas never both act.
 """
 
 from __future__ import annotations
@@ -17,12 +18,16 @@ def run(args: argparse.Namespace) -> int:
     namespaces = list(args.namespaces or [])
     clusterwide = bool(args.all_namespaces) or not namespaces
     kopf.configure(verbose=False)
-    memo = kopf.Memo(allow_host_path=bool(args.allow_host_path), metrics_port=int(args.metrics_port or 0))
+    memo = kopf.Memo(allow_host_path=bool(args.allow_host_path), metrics_port=int(args.metrics_port or 0),
+                     progress_interval=float(getattr(args, "progress_interval", 0) or 0))
     kopf.run(
         clusterwide=clusterwide,
         namespaces=[] if clusterwide else namespaces,
         # 0.0.0.0: the kubelet probes the pod IP.
         liveness_endpoint=f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None,
         memo=memo,
+        # With a peering name, replicas elect one active operator; without, this one is alone.
+        peering_name=getattr(args, "peering", None) or None,
+        standalone=not getattr(args, "peering", None),
     )
     return 0

@@ -25,6 +25,7 @@ REPLICATED_JOB = "node"
 CONFIG_DIR = "/etc/rosetta"
 CONFIG_KEY = "training.yaml"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
 TRAINING_LABEL = "rosetta.dev/training"
@@ -130,6 +131,9 @@ def launcher_env(spec: TranslationTrainingSpec, names: Names) -> list[dict]:
     # Index of this pod in the Indexed Job = node rank.
     env.insert(3, {"name": "ROSETTA_NODE_RANK", "valueFrom": {
         "fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}}})
+    # How often the JobSet restarted the gang; the trainer reports it (summary, rosetta_restarts).
+    env.append({"name": "ROSETTA_RESTART_ATTEMPT", "valueFrom": {
+        "fieldRef": {"fieldPath": f"metadata.annotations['{RESTART_ATTEMPT}']"}}})
     return env
 
 

@@ -358,3 +358,60 @@ def test_cli_operator_serves_liveness(cluster, namespace):
             proc.kill()
             proc.wait()
     assert proc.returncode == 0, log.read_text()[-3000:]
+
+
+def install_peering_crds(cluster: Cluster) -> None:
+    """kopf's KopfPeering CRDs, as the Helm chart installs them (present already if another test left them)."""
+    for crd in yaml.safe_load_all((REPO / "charts" / "rosetta" / "files" / "kopf-peering-crds.yaml").read_text()):
+        def installed():
+            try:
+                cluster.install_crd(crd)
+                return True
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+            got = cluster.ext.read_custom_resource_definition(crd["metadata"]["name"])
+            # 409 while a previous test's copy is still being deleted: try again once it is gone.
+            return got.metadata.deletion_timestamp is None
+        wait_for(installed, f"CRD {crd['metadata']['name']}", timeout=60)
+
+
+def test_two_peered_operators_make_one_jobset(cluster, namespace):
+    """`rosetta operator --peering NAME` x2, as the chart runs two replicas: both join, one acts."""
+    install_peering_crds(cluster)
+    cluster.custom.create_namespaced_custom_object("kopf.dev", "v1", namespace, "kopfpeerings", {
+        "apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "rosetta"}})
+    env = {**os.environ, "KUBECONFIG": cluster.kubeconfig}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    procs, logs = [], []
+    try:
+        for i in range(2):
+            logs.append(Path(cluster.cp.workdir) / f"operator-{namespace}-peer{i}.log")
+            with open(logs[-1], "wb") as out:
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "rosetta_trainer.cli", "operator", "--namespace", namespace,
+                     "--peering", "rosetta", "--liveness-port", "0", "--metrics-port", "0"],
+                    stdout=out, stderr=subprocess.STDOUT, env=env))
+
+        def peers():
+            for proc, log in zip(procs, logs):
+                if proc.poll() is not None:
+                    pytest.fail(f"rosetta operator exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+            obj = cluster.custom.get_namespaced_custom_object("kopf.dev", "v1", namespace, "kopfpeerings", "rosetta")
+            return len(obj.get("status") or {}) == 2
+        wait_for(peers, "both operators in the KopfPeering's status", timeout=60)
+
+        create(cluster, namespace, training("mt"))
+        created(cluster, namespace, "mt")
+        time.sleep(3)  # room for a second, wrong JobSet from the standby replica
+        jobsets = cluster.custom.list_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", namespace, "jobsets")
+        assert [j["metadata"]["name"] for j in jobsets["items"]] == ["mt"]
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

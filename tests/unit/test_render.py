@@ -120,6 +120,8 @@ def test_torchrun_environment():
     assert env["ROSETTA_NPROC_PER_NODE"] == "8"
     assert env["ROSETTA_NODE_RANK"] == {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}}
     assert COMPLETION_INDEX == "batch.kubernetes.io/job-completion-index"
+    assert env["ROSETTA_RESTART_ATTEMPT"] == {
+        "fieldRef": {"fieldPath": "metadata.annotations['jobset.sigs.k8s.io/restart-attempt']"}}
     # <jobset>-<replicatedJob>-<job index>-<pod index>.<subdomain = jobset name>
     assert env["ROSETTA_MASTER_ADDR"] == "wmt-node-0-0.wmt"
     assert env["ROSETTA_MASTER_PORT"] == "29600"

@@ -75,3 +75,34 @@ def test_a_fresh_run_starts_new_logs_and_other_ranks_write_nothing(tmp_path):
     t = Telemetry(other, name="x", namespace=None, port=0, tensorboard=False, enabled=False)
     t.log_step(STEP)
     assert t.write_summary({"steps": 1}) is None and not other.exists()
+
+
+def test_endpoint_serves_checkpoint_restart_and_per_rank_figures(tmp_path):
+    port = free_port()
+    t = Telemetry(tmp_path, name="run-a", namespace="team", port=port, tensorboard=False, enabled=True)
+    try:
+        t.set_static(restarts=2, resumed_from_step=4, best_bleu=31.0)
+        t.log_step({**STEP, "data_wait_s": 0.02})
+        t.log_eval(EVAL)  # 30 < 31: the best stays
+        t.log_checkpoint(step=5, path=tmp_path / "step-00000005", seconds=1.5, size_bytes=4096)
+        t.log_rank_values("gpu_memory_bytes", [1e9, None, 3e9])
+        got = scrape(port)
+        t.log_eval({**EVAL, "step": 6, "bleu": 33.0})
+        best = scrape(port)[("rosetta_best_bleu", (("namespace", "team"), ("training", "run-a")))]
+    finally:
+        t.close()
+    run = (("namespace", "team"), ("training", "run-a"))
+    assert got[("rosetta_restarts", run)] == 2
+    assert got[("rosetta_resumed_from_step", run)] == 4
+    assert got[("rosetta_dataloader_wait_seconds", run)] == 0.02
+    assert got[("rosetta_bleu", run)] == 30
+    assert got[("rosetta_best_bleu", run)] == 31 and best == 33
+    assert got[("rosetta_last_checkpoint_step", run)] == 5
+    assert got[("rosetta_checkpoint_save_seconds", run)] == 1.5
+    assert got[("rosetta_checkpoint_bytes", run)] == 4096
+    path = str(tmp_path / "step-00000005")
+    assert got[("rosetta_last_checkpoint_info", tuple(sorted((*run, ("path", path)))))] == 1
+    assert got[("rosetta_gpu_memory_bytes", tuple(sorted((*run, ("rank", "0")))))] == 1e9
+    assert got[("rosetta_gpu_memory_bytes", tuple(sorted((*run, ("rank", "2")))))] == 3e9
+    assert not any(name == "rosetta_gpu_memory_bytes" and ("rank", "1") in labels for name, labels in got)
+    assert json.loads((tmp_path / "metrics.jsonl").read_text())["data_wait_s"] == 0.02

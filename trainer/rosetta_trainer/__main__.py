@@ -101,6 +101,11 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
     telemetry = Telemetry(output, name=document.metadata.name, namespace=document.metadata.namespace,
                           port=spec.metrics.port, tensorboard=spec.metrics.tensorboard,
                           enabled=world.is_main, resumed_step=position.step)
+    # Set by the JobSet (and `rosetta run`) on every pod: how often the gang was restarted.
+    restart_attempt = int(os.environ.get("ROSETTA_RESTART_ATTEMPT") or 0)
+    telemetry.set_static(restarts=restart_attempt, resumed_from_step=position.step, best_bleu=position.best_bleu)
+    if resume_from is not None:
+        telemetry.log_checkpoint(step=position.step, path=resume_from)
     trainer = Trainer(spec=spec, world=world, model=model, tokenizer=tokenizer, train_corpus=corpus,
                       validation=validation, test=test, checkpoints=checkpoints, telemetry=telemetry,
                       document_yaml=document_yaml, position=position, progress=progress)
@@ -113,8 +118,7 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
     try:
         summary = trainer.run()
         summary["resumed_from_step"] = state["step"] if state else None
-        # Set by the JobSet (and `rosetta run`) on every pod: how often the gang was restarted.
-        summary["restart_attempt"] = int(os.environ.get("ROSETTA_RESTART_ATTEMPT") or 0)
+        summary["restart_attempt"] = restart_attempt
         summary["output"] = str(output)
         if world.is_main:
             path = telemetry.write_summary(summary)

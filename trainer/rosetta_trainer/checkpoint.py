@@ -66,6 +66,18 @@ def complete_checkpoints(root: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def directory_bytes(path: Path) -> int:
+    """Bytes of the regular files under `path` (a checkpoint's size on disk, for the metrics)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(root, name), follow_symlinks=False).st_size
+            except OSError:
+                pass  # pruned while we counted
+    return total
+
+
 def latest_checkpoint(root: Path) -> Path | None:
     found = complete_checkpoints(root)
     return found[-1] if found else None

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from rosetta_trainer import batching
 from rosetta_trainer.batching import IGNORE_INDEX, EncodedCorpus
-from rosetta_trainer.checkpoint import CheckpointManager
+from rosetta_trainer.checkpoint import CheckpointManager, directory_bytes
 from rosetta_trainer.config import TrainerSpec
 from rosetta_trainer.data import Example
 from rosetta_trainer.distributed import World, all_reduce_sum
@@ -190,7 +190,8 @@ class Trainer:
         self.stop.install()
         self.telemetry.set_static(total_steps=self.total_steps, world_size=world.size)
         stream = self._batches()
-        window = torch.zeros(6, dtype=torch.float64)  # loss·n, steps, tokens, target tokens, samples, flops
+        # loss·n, steps, tokens, target tokens, samples, flops, seconds waiting for batches
+        window = torch.zeros(7, dtype=torch.float64)
         loss_window = torch.zeros((), device=world.device)
         window_start = time.perf_counter()
         run_start = time.perf_counter()
@@ -202,11 +203,13 @@ class Trainer:
         stopped_early = False
         while pos.step < self.total_steps:
             for micro in range(accum):
+                waited = time.perf_counter()
                 epoch, index, batch = next(stream)
+                window[6] += time.perf_counter() - waited
                 loss, _ = self._micro_step(batch, accumulate=micro < accum - 1, divisor=accum)
                 loss_window += loss / accum
                 src, tgt = batch["source_lengths"], batch["target_lengths"]
-                window[2:] += torch.tensor([float(src.sum() + tgt.sum()), float(tgt.sum()), float(len(src)),
+                window[2:6] += torch.tensor([float(src.sum() + tgt.sum()), float(tgt.sum()), float(len(src)),
                                             training_flops(self.dims, src.tolist(), tgt.tolist())], dtype=torch.float64)
                 pos.epoch, pos.batch = epoch, index + 1
             grad_norm = self._optimizer_step()
@@ -273,7 +276,8 @@ class Trainer:
         reduced = all_reduce_sum(world, w.to(world.device)).cpu()
         steps = max(1.0, float(window[1]))
         loss = float(reduced[0]) / world.size / steps
-        tokens, tgt_tokens, samples, flops = (float(x) for x in reduced[2:])
+        tokens, tgt_tokens, samples, flops = (float(x) for x in reduced[2:6])
+        data_wait = float(reduced[6]) / world.size / steps
         totals["tokens"] += tokens
         totals["seconds"] += seconds
         flops_per_s = flops / seconds if seconds > 0 else None
@@ -290,10 +294,26 @@ class Trainer:
             "flops_per_s": flops_per_s,
             "mfu": (flops_per_s / (self.peak * world.size)) if (self.peak and flops_per_s) else None,
             "step_time_s": seconds / steps,
+            "data_wait_s": data_wait,
         }
+        gpu_memory = self._gpu_memory_by_rank()
+        if gpu_memory is not None:
+            record["gpu_memory_bytes"] = max(gpu_memory)
         if world.is_main:
             self.telemetry.log_step(record)
+            if gpu_memory is not None:
+                self.telemetry.log_rank_values("gpu_memory_bytes", gpu_memory)
         return record
+
+    def _gpu_memory_by_rank(self) -> list[float] | None:
+        """Peak bytes PyTorch allocated on each rank's GPU; None on CPU (no collective either:
+        every rank of a run has the same device type)."""
+        world = self.world
+        if world.device.type != "cuda":
+            return None
+        mine = torch.zeros(world.size, dtype=torch.float64, device=world.device)
+        mine[world.rank] = float(torch.cuda.max_memory_allocated(world.device))
+        return [float(x) for x in all_reduce_sum(world, mine).cpu()]
 
     def _evaluate(self, split: str, examples: list[Example]) -> dict:
         scores, _ = evaluate_examples(self.model, self.tokenizer, examples, self.spec, self.world)
@@ -304,6 +324,7 @@ class Trainer:
                 self.pos.best_bleu, self.pos.best_step = scores["bleu"], self.pos.step
         if self.world.is_main:
             self.telemetry.log_eval(record)
+            self.telemetry.set_static(best_bleu=self.pos.best_bleu)
             bleu = scores.get("bleu")
             log.info("step %d %s BLEU %s", self.pos.step, split, "-" if bleu is None else f"{bleu:.2f}")
         self.model.train()
@@ -312,9 +333,12 @@ class Trainer:
     def _save(self) -> Path:
         evaluated_now = self.pos.step % self.eval_interval == 0 and bool(self.eval_set)
         meta = {"epoch": self.pos.epoch, "bleu": self.pos.last_bleu if evaluated_now else None}
+        started = time.perf_counter()
         path = self.checkpoints.save(step=self.pos.step, model=self.raw_model, tokenizer=self.tokenizer,
                                      trainer_state=self.state_dict(), document_yaml=self.document_yaml, meta=meta)
-        self.telemetry.set_static(last_checkpoint_step=self.pos.step)
+        if self.world.is_main:
+            self.telemetry.log_checkpoint(step=self.pos.step, path=path, seconds=time.perf_counter() - started,
+                                          size_bytes=directory_bytes(path))
         return path
 
     def _finish(self, last: dict, totals: dict, wall: float, stopped_early: bool) -> dict:

@@ -1,7 +1,9 @@
 """Where a run reports: metrics.jsonl, eval.jsonl, summary.json, TensorBoard and Prometheus.
 
 Only rank 0 reports. The same figures go to every sink so that a dashboard, a
-script reading the JSON lines and TensorBoard never disagree.
+script reading the JSON lines and TensorBoard never disagree. The Prometheus
+names are listed in rosetta_operator.metric_names.TRAINER_METRICS (the operator
+reads this endpoint to fill status.progress; dashboards and alerts use it too).
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ class Telemetry:
         self.eval_path = output / "eval.jsonl"
         self._tb = None
         self._gauges = {}
+        self._checkpoint_info = None
+        self._best_bleu = None
         self.port = None
         if not enabled:
             return
@@ -66,7 +70,7 @@ class Telemetry:
 
     # ------------------------------------------------------------- Prometheus
     def _start_prometheus(self, port: int, name: str, namespace: str) -> None:
-        from prometheus_client import CollectorRegistry, Gauge, start_http_server
+        from prometheus_client import CollectorRegistry, Gauge, Info, start_http_server
 
         self.registry = CollectorRegistry()
         labels = {"training": name, "namespace": namespace}
@@ -84,13 +88,28 @@ class Telemetry:
             "step_seconds": "Mean wall seconds per optimizer step",
             "last_checkpoint_step": "Step of the newest complete checkpoint",
             "world_size": "Processes in the run",
+            "dataloader_wait_seconds": "Mean seconds per optimizer step spent waiting for the next batch",
+            "checkpoint_save_seconds": "Wall seconds the last checkpoint save took (all ranks, barriers included)",
+            "checkpoint_bytes": "Size on disk of the last checkpoint",
+            "restarts": "Gang restarts before this attempt (ROSETTA_RESTART_ATTEMPT)",
+            "resumed_from_step": "Step this attempt resumed from (0: started fresh)",
+            "bleu": "Latest validation BLEU over all languages",
+            "best_bleu": "Best validation BLEU so far",
         }
         for key, doc in specs.items():
             g = Gauge(PREFIX + key, doc, list(labels), registry=self.registry)
+            # NaN until reported: a 0 would read as a measurement (MFU on CPU, BLEU before evaluation).
             self._gauges[key] = g.labels(**labels)
+            self._gauges[key].set(math.nan)
         for key, doc in {"eval_bleu": "Validation BLEU", "eval_chrf": "Validation chrF",
                          "eval_gender_gap_bleu": "Masculine minus feminine BLEU (MT-GenEval)"}.items():
             self._gauges[key] = (Gauge(PREFIX + key, doc, [*labels, "lang"], registry=self.registry), labels)
+        # Every rank's figure, gathered by rank 0 (the only process that serves metrics).
+        self._gauges["gpu_memory_bytes"] = (Gauge(
+            PREFIX + "gpu_memory_bytes", "Peak GPU memory allocated by PyTorch on each rank (absent on CPU)",
+            [*labels, "rank"], registry=self.registry), labels)
+        self._checkpoint_info = Info(PREFIX + "last_checkpoint", "Path of the newest complete checkpoint",
+                                     list(labels), registry=self.registry).labels(**labels)
         server, _thread = start_http_server(port, addr="0.0.0.0", registry=self.registry)
         self._server = server
         self.port = server.server_port
@@ -117,7 +136,7 @@ class Telemetry:
         for key, field in (("step", "step"), ("epoch", "epoch"), ("loss", "loss"), ("learning_rate", "lr"),
                            ("tokens_per_second", "tokens_per_s"), ("samples_per_second", "samples_per_s"),
                            ("grad_norm", "grad_norm"), ("mfu", "mfu"), ("flops_per_second", "flops_per_s"),
-                           ("step_seconds", "step_time_s")):
+                           ("step_seconds", "step_time_s"), ("dataloader_wait_seconds", "data_wait_s")):
             self._set(key, record.get(field))
 
     def log_eval(self, record: dict) -> None:
@@ -136,6 +155,11 @@ class Telemetry:
                     if s.get(metric) is not None:
                         self._tb.add_scalar(f"{split}/{metric}_{lang}", s[metric], step)
         if split == "validation":
+            bleu = record.get("bleu")
+            if bleu is not None:
+                self._set("bleu", bleu)
+                if self._best_bleu is None or bleu > self._best_bleu:
+                    self.set_static(best_bleu=bleu)
             for lang, s in record.get("langs", {}).items():
                 for metric, key in (("bleu", "eval_bleu"), ("chrf", "eval_chrf")):
                     if key in self._gauges and s.get(metric) is not None:
@@ -149,6 +173,25 @@ class Telemetry:
     def set_static(self, **values) -> None:
         for key, value in values.items():
             self._set(key, value)
+            if key == "best_bleu" and value is not None:
+                self._best_bleu = value
+
+    def log_checkpoint(self, *, step: int, path: Path | str, seconds: float | None = None,
+                       size_bytes: int | None = None) -> None:
+        """A complete checkpoint is on disk (or, on resume, the one this attempt started from)."""
+        self.set_static(last_checkpoint_step=step, checkpoint_save_seconds=seconds, checkpoint_bytes=size_bytes)
+        if self._checkpoint_info is not None:
+            self._checkpoint_info.info({"path": str(path)})
+
+    def log_rank_values(self, key: str, values: list[float | None]) -> None:
+        """One figure per rank (index = rank), e.g. gpu_memory_bytes; None: nothing to report."""
+        entry = self._gauges.get(key)
+        if entry is None:
+            return
+        gauge, labels = entry
+        for rank, value in enumerate(values):
+            if value is not None:
+                gauge.labels(**labels, rank=str(rank)).set(value)
 
     def write_summary(self, summary: dict) -> Path | None:
         if not self.enabled:

@@ -1,0 +1,137 @@
+"""Trainer metrics → status.progress. Pure: no I/O, no clock (callers pass `now`).
+
+The operator's progress daemon (handlers.report_progress) finds rank 0's pod with `rank0_pod`,
+scrapes `http://<pod IP>:<spec.metrics.port>/metrics`, and turns the text into the
+`status.progress` object with `parse_metrics` and `progress_from`. It patches only when
+`changed` says a figure moved, so an idle or finished trainer costs no writes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Mapping, Optional
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from rosetta_operator.render import COMPLETION_INDEX
+
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
+# The progress fields that carry no measurement: a new timestamp alone is not a change.
+VOLATILE = frozenset({"updatedAt"})
+
+
+def parse_metrics(text: str, prefix: str = "rosetta_") -> dict[str, Any]:
+    """`{name: value}` for the trainer's run-wide gauges; labelled series keep their labels.
+
+    Plain gauges (one sample per name) map to a float; `rosetta_eval_bleu` and the like map to
+    `{lang: value}`; the checkpoint info metric maps to its `path` label. NaN is dropped.
+    """
+    out: dict[str, Any] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not sample.name.startswith(prefix):
+                continue
+            value = sample.value
+            if value is None or (isinstance(value, float) and math.isnan(value)):
+                continue
+            if sample.name.endswith("_info"):
+                out[sample.name] = sample.labels.get("path")
+                continue
+            extra = {k: v for k, v in sample.labels.items() if k not in ("training", "namespace")}
+            if extra:
+                key = next(iter(extra.values())) if len(extra) == 1 else tuple(sorted(extra.items()))
+                out.setdefault(sample.name, {})[key] = value
+            else:
+                out[sample.name] = value
+    return out
+
+
+def _num(metrics: Mapping[str, Any], name: str) -> Optional[float]:
+    value = metrics.get(name)
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def _round(value: Optional[float], digits: int) -> Optional[float]:
+    return None if value is None else round(value, digits)
+
+
+def progress_from(metrics: Mapping[str, Any], *, now: str) -> Optional[dict]:
+    """The `status.progress` object for what rank 0 reported, or None when it reported no step yet.
+
+    Fields the trainer has not reported (no evaluation yet, no checkpoint, MFU on CPU) are left
+    out rather than written as 0.
+    """
+    step = _num(metrics, "rosetta_step")
+    total = _num(metrics, "rosetta_total_steps")
+    if step is None:
+        return None
+    progress: dict[str, Any] = {"step": int(step)}
+    if total:
+        percent = min(100.0, 100.0 * step / total)
+        progress.update(totalSteps=int(total), percent=round(percent, 1),
+                        display=f"{percent:.0f}% {int(step)}/{int(total)}")
+        seconds = _num(metrics, "rosetta_step_seconds")
+        if seconds is not None:
+            progress["etaSeconds"] = round(max(0.0, total - step) * seconds, 1)
+    else:
+        progress["display"] = f"step {int(step)}"
+    bleu = _num(metrics, "rosetta_bleu")
+    if bleu is None and isinstance(metrics.get("rosetta_eval_bleu"), Mapping) and metrics["rosetta_eval_bleu"]:
+        per_lang = list(metrics["rosetta_eval_bleu"].values())
+        bleu = sum(per_lang) / len(per_lang)
+    for field, value in (("epoch", _round(_num(metrics, "rosetta_epoch"), 4)),
+                         ("loss", _round(_num(metrics, "rosetta_loss"), 4)),
+                         ("learningRate", _num(metrics, "rosetta_learning_rate")),
+                         ("tokensPerSecond", _round(_num(metrics, "rosetta_tokens_per_second"), 1)),
+                         ("mfu", _round(_num(metrics, "rosetta_mfu"), 4)),
+                         ("bleu", _round(bleu, 2)),
+                         ("bestBleu", _round(_num(metrics, "rosetta_best_bleu"), 2))):
+        if value is not None:
+            progress[field] = value
+    checkpoint_step = _num(metrics, "rosetta_last_checkpoint_step")
+    if checkpoint_step:
+        progress["lastCheckpointStep"] = int(checkpoint_step)
+    if metrics.get("rosetta_last_checkpoint_info"):
+        progress["lastCheckpoint"] = str(metrics["rosetta_last_checkpoint_info"])
+    progress["updatedAt"] = now
+    return progress
+
+
+def changed(current: Optional[Mapping], new: Mapping) -> bool:
+    """Whether `new` says anything `current` does not (timestamps aside)."""
+    current = current or {}
+    return any(current.get(k) != v for k, v in new.items() if k not in VOLATILE)
+
+
+def _index(pod: Mapping) -> Optional[str]:
+    meta = pod.get("metadata") or {}
+    return (meta.get("annotations") or {}).get(COMPLETION_INDEX) or (meta.get("labels") or {}).get(COMPLETION_INDEX)
+
+
+def rank0_pod(pods: Iterable[Mapping], jobset_name: str) -> Optional[Mapping]:
+    """Rank 0's pod of a JobSet: completion index 0 of its (single) job, with an IP, not leaving.
+
+    After a gang restart the old pods may linger while the new ones start: the newest wins.
+    """
+    candidates = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        if labels.get(JOBSET_NAME_LABEL) != jobset_name or _index(pod) != "0":
+            continue
+        if labels.get(JOB_INDEX_LABEL, "0") != "0" or meta.get("deletionTimestamp"):
+            continue
+        status = pod.get("status") or {}
+        if not status.get("podIP") or status.get("phase") in ("Succeeded", "Failed"):
+            continue
+        candidates.append(pod)
+    if not candidates:
+        return None
+    return max(candidates, key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp") or ""))
+
+
+def metrics_url(pod: Mapping, port: int) -> str:
+    ip = pod["status"]["podIP"]
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"http://{host}:{port}/metrics"

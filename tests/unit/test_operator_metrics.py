@@ -1,0 +1,63 @@
+"""The operator's own metrics, without a cluster: handler counting and the phase gauge."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import REGISTRY
+
+from rosetta_operator import handlers
+from rosetta_operator.metric_names import OPERATOR_METRICS
+
+
+def value(name: str, **labels) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_instrumented_counts_outcomes_errors_and_time():
+    @handlers.instrumented("unit")
+    def handler(fail: bool = False, **_):
+        if fail:
+            raise RuntimeError("boom")
+        handlers.record_outcome("applied")
+
+    handler()
+    with pytest.raises(RuntimeError):
+        handler(fail=True)
+    assert value("rosetta_operator_reconciles_total", handler="unit", outcome="applied") == 1
+    assert value("rosetta_operator_reconciles_total", handler="unit", outcome="error") == 1
+    assert value("rosetta_operator_reconcile_errors_total", handler="unit") == 1
+    assert value("rosetta_operator_reconcile_seconds_count", handler="unit") == 2
+
+
+def test_phase_gauge_follows_transitions_and_deletions():
+    handlers._PHASES.clear()
+
+    def event(uid, phase=None, type_="MODIFIED"):
+        body = {"status": {"phase": phase}} if phase else {}
+        handlers.count_phases(event={"type": type_}, body=body, uid=uid)
+
+    event("a")
+    event("b", "Running")
+    assert value("rosetta_operator_trainings", phase="Unknown") == 1
+    event("a", "Pending")
+    event("a", "Running")
+    assert value("rosetta_operator_trainings", phase="Running") == 2
+    assert value("rosetta_operator_trainings", phase="Pending") == 0
+    event("b", "Running", type_="DELETED")
+    event("a", "Succeeded")
+    assert value("rosetta_operator_trainings", phase="Running") == 0
+    assert value("rosetta_operator_trainings", phase="Succeeded") == 1
+    handlers._PHASES.clear()
+
+
+def test_time_to_running_is_measured_from_creation():
+    before = value("rosetta_operator_time_to_running_seconds_sum")
+    handlers._observe_time_to_running("2026-01-01T00:00:00Z", "2026-01-01T00:02:30Z")
+    handlers._observe_time_to_running(None, "2026-01-01T00:02:30Z")  # unknown creation: skipped
+    assert value("rosetta_operator_time_to_running_seconds_sum") - before == 150
+
+
+def test_listed_names_are_registered():
+    registered = {name for family in REGISTRY.collect() for name in
+                  ({family.name, family.name + "_total"} if family.type == "counter" else {family.name})}
+    assert set(OPERATOR_METRICS) <= registered

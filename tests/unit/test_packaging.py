@@ -1,0 +1,186 @@
+"""The Dockerfile (checked as text: no Docker engine in the tests) and build_and_push.sh (--dry-run)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli")
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKERFILE = (REPO / "Dockerfile").read_text()
+SCRIPT = REPO / "build_and_push.sh"
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def _lines() -> list[str]:
+    """Instructions with continuation lines joined and comments dropped."""
+    text = re.sub(r"\\\n\s*", " ", DOCKERFILE)
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+
+
+def _args() -> dict[str, str]:
+    return dict(re.match(r"ARG (\w+)=(\S+)", line).groups() for line in _lines()
+                if re.match(r"ARG \w+=", line))
+
+
+def stages() -> dict[str, list[str]]:
+    """{stage name: its instructions, FROM first}."""
+    out: dict[str, list[str]] = {}
+    current = None
+    for line in _lines():
+        m = re.match(r"FROM (\S+) AS (\S+)", line, re.I)
+        if m:
+            current = m.group(2)
+            out[current] = [line]
+        elif current:
+            out[current].append(line)
+    return out
+
+
+def base_image(stage: str) -> str:
+    ref = re.match(r"FROM (\S+)", stages()[stage][0]).group(1)
+    return re.sub(r"\$\{(\w+)\}", lambda m: _args()[m.group(1)], ref)
+
+
+def test_dockerfile_has_the_two_image_targets_on_pinned_bases():
+    assert {"trainer", "operator"} <= set(stages())
+    trainer, operator = base_image("trainer"), base_image("operator")
+    assert re.fullmatch(r"pytorch/pytorch:2\.\d+\.\d+-cuda12\.\d+-cudnn9-runtime", trainer), trainer
+    assert operator == "python:3.11-slim"
+    for stage in stages():
+        image = base_image(stage)
+        assert ":" in image and not image.endswith(":latest"), f"{stage}: {image} is not pinned"
+    assert "latest" not in DOCKERFILE
+
+
+@pytest.mark.parametrize("stage, entrypoint", [("trainer", '["rosetta"]'), ("operator", '["rosetta", "operator"]')])
+def test_images_run_as_a_non_root_user_with_the_rosetta_entrypoint(stage, entrypoint):
+    lines = stages()[stage]
+    users = [line.split()[1] for line in lines if line.startswith("USER ")]
+    assert users, f"{stage}: no USER"
+    user = users[-1].split(":")[0]
+    assert user not in ("root", "0"), f"{stage} runs as {users[-1]}"
+    assert f"ENTRYPOINT {entrypoint}" in lines
+
+
+def test_trainer_image_keeps_the_base_images_torch():
+    runs = " ".join(line for line in stages()["trainer"] if line.startswith("RUN "))
+    assert "deepspeed" in runs
+    installs = re.findall(r"pip install ([^&]*)", runs)
+    assert installs and all("-c /tmp/constraints.txt" in cmd for cmd in installs), installs
+    assert not any(re.search(r"(^|\s)\"?torch[<>=\"\s]", cmd) for cmd in installs), "torch must not be reinstalled"
+
+
+def operator_requirements() -> list[str]:
+    runs = " ".join(line for line in stages()["operator"] if line.startswith("RUN "))
+    assert re.search(r"pip install --no-deps /tmp/dist/\*\.whl", runs), "the package goes in without its deps"
+    listed = re.search(r"pip install ((?:\"[^\"]+\"\s*)+)", runs)
+    assert listed, "no explicit operator dependency list"
+    return shlex.split(listed.group(1))
+
+
+def _name(requirement: str) -> str:
+    return re.split(r"[<>=!~\[ ]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+
+
+def test_operator_dependencies_are_pyprojects_own_without_the_trainer_stack():
+    required = operator_requirements()
+    declared = {_name(r): r for r in PYPROJECT["project"]["dependencies"]}
+    for requirement in required:
+        assert declared.get(_name(requirement)) == requirement, f"{requirement} differs from pyproject.toml"
+    assert not {"torch", "transformers", "tensorboard", "matplotlib"} & {_name(r) for r in required}
+
+
+# Import names of the distributions the operator image installs (and their own dependencies).
+OPERATOR_IMPORTS = {"kopf", "kubernetes", "prometheus_client", "pydantic", "pydantic_core", "yaml", "jinja2"}
+TRAINER_ONLY = {_name(r).replace("-", "_") for r in PYPROJECT["project"]["dependencies"]} \
+    - {"kopf", "kubernetes", "prometheus_client", "pydantic", "pyyaml", "jinja2", "python_dateutil"} \
+    | {"numpy", "sklearn", "scipy", "safetensors", "huggingface_hub"}
+
+
+def test_operator_modules_import_without_the_trainer_stack():
+    """What the operator image runs imports nothing the image lacks: torch and the trainer's other
+    dependencies are blocked while `rosetta operator`'s modules load."""
+    blocked = sorted(TRAINER_ONLY)
+    assert "torch" in blocked and "transformers" in blocked
+    code = f"""
+import sys
+BLOCKED = set({blocked!r})
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError("the operator image has no " + name)
+sys.meta_path.insert(0, Block())
+import rosetta_trainer.cli, rosetta_trainer.config, rosetta_operator.main, rosetta_operator.handlers
+import rosetta_operator.cli
+assert "torch" not in sys.modules
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+# ------------------------------------------------------------------------ build_and_push.sh
+
+
+def dry_run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("PROJECT_ID", "REGION", "REPO_NAME", "IMAGE_NAME", "TAG", "AWS_ACCOUNT_ID",
+                          "AWS_REGION", "REGISTRY", "TARGETS", "PLATFORM", "DOCKER")}
+    return subprocess.run(["bash", str(SCRIPT), "--dry-run", *args], env={**clean, **env},
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_artifact_registry_dry_run():
+    out = dry_run({"PROJECT_ID": "my-proj", "REGION": "us-central1", "REPO_NAME": "ml", "IMAGE_NAME": "rosetta",
+                   "TAG": "0.1.0"})
+    assert out.returncode == 0, out.stderr
+    prefix = "us-central1-docker.pkg.dev/my-proj/ml"
+    assert out.stdout.splitlines() == [
+        "gcloud auth configure-docker us-central1-docker.pkg.dev --quiet",
+        f"docker build --platform linux/amd64 --target trainer --tag {prefix}/rosetta-trainer:0.1.0 {REPO}",
+        f"docker push {prefix}/rosetta-trainer:0.1.0",
+        f"docker build --platform linux/amd64 --target operator --tag {prefix}/rosetta-operator:0.1.0 {REPO}",
+        f"docker push {prefix}/rosetta-operator:0.1.0",
+    ]
+
+
+def test_ecr_dry_run():
+    out = dry_run({"AWS_ACCOUNT_ID": "123456789012", "AWS_REGION": "us-east-1", "REPO_NAME": "ml", "TAG": "v2"})
+    assert out.returncode == 0, out.stderr
+    host = "123456789012.dkr.ecr.us-east-1.amazonaws.com"
+    assert out.stdout.splitlines() == [
+        f"aws ecr get-login-password --region us-east-1 | docker login --username AWS --password-stdin {host}",
+        f"docker build --platform linux/amd64 --target trainer --tag {host}/ml/rosetta-trainer:v2 {REPO}",
+        f"docker push {host}/ml/rosetta-trainer:v2",
+        f"docker build --platform linux/amd64 --target operator --tag {host}/ml/rosetta-operator:v2 {REPO}",
+        f"docker push {host}/ml/rosetta-operator:v2",
+    ]
+
+
+@pytest.mark.parametrize("env, missing", [
+    ({"PROJECT_ID": "p", "REGION": "r", "TAG": "1"}, "REPO_NAME"),
+    ({"PROJECT_ID": "p", "REPO_NAME": "ml", "TAG": "1"}, "REGION"),
+    ({"AWS_ACCOUNT_ID": "1", "REPO_NAME": "ml", "TAG": "1"}, "AWS_REGION"),
+    ({"AWS_ACCOUNT_ID": "1", "AWS_REGION": "us-east-1", "REPO_NAME": "ml"}, "TAG"),
+    ({}, "PROJECT_ID"),
+])
+def test_missing_variable_is_named(env, missing):
+    out = dry_run(env)
+    assert out.returncode != 0 and out.stdout == ""
+    assert missing in out.stderr, out.stderr
+
+
+def test_dockerignore_keeps_the_context_to_the_sources():
+    ignore = (REPO / ".dockerignore").read_text().splitlines()
+    assert "*" in ignore  # everything out (.venv, runs/, caches) …
+    assert {"!pyproject.toml", "!README.md", "!trainer/", "!operator/"} <= set(ignore)  # … but the sources
