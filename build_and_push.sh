@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Build the trainer and operator images (Dockerfile targets) and push them to a registry.
+#
+#   Google Artifact Registry:
+#     PROJECT_ID=my-proj REGION=us-central1 REPO_NAME=ml TAG=0.1.0 ./build_and_push.sh
+#       → us-central1-docker.pkg.dev/my-proj/ml/rosetta-trainer:0.1.0 (and rosetta-operator)
+#   Amazon ECR:
+#     AWS_ACCOUNT_ID=123456789012 AWS_REGION=us-east-1 REPO_NAME=ml TAG=0.1.0 ./build_and_push.sh
+#       → 123456789012.dkr.ecr.us-east-1.amazonaws.com/ml/rosetta-trainer:0.1.0 (and rosetta-operator)
+#   Any other registry you are already logged in to:
+#     REGISTRY=ghcr.io/my-org TAG=0.1.0 ./build_and_push.sh
+#
+# Optional: IMAGE_NAME (default rosetta: images IMAGE_NAME-trainer and IMAGE_NAME-operator),
+# TARGETS (default "trainer operator"), PLATFORM (default linux/amd64), DOCKER (default docker).
+# --dry-run prints every command instead of running it.
+set -euo pipefail
+
+DRY_RUN=0
+for arg in "$@"; do
+  case "$arg" in
+    --dry-run) DRY_RUN=1 ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "build_and_push.sh: unknown argument: $arg (only --dry-run)" >&2; exit 2 ;;
+  esac
+done
+
+die() { echo "build_and_push.sh: $*" >&2; exit 1; }
+need() {
+  local name
+  for name in "$@"; do
+    [[ -n "${!name:-}" ]] || die "$name is not set (${MODE} needs: $*)"
+  done
+}
+run() {
+  if (( DRY_RUN )); then
+    echo "$*"
+  else
+    "$@"
+  fi
+}
+
+DOCKER="${DOCKER:-docker}"
+IMAGE_NAME="${IMAGE_NAME:-rosetta}"
+TARGETS="${TARGETS:-trainer operator}"
+PLATFORM="${PLATFORM:-linux/amd64}"
+CONTEXT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+
+if [[ -n "${PROJECT_ID:-}" ]]; then
+  MODE="Artifact Registry (PROJECT_ID)"
+  need PROJECT_ID REGION REPO_NAME TAG
+  HOST="${REGION}-docker.pkg.dev"
+  PREFIX="${HOST}/${PROJECT_ID}/${REPO_NAME}"
+  login() { run gcloud auth configure-docker "$HOST" --quiet; }
+elif [[ -n "${AWS_ACCOUNT_ID:-}" ]]; then
+  MODE="ECR (AWS_ACCOUNT_ID)"
+  need AWS_ACCOUNT_ID AWS_REGION REPO_NAME TAG
+  HOST="${AWS_ACCOUNT_ID}.dkr.ecr.${AWS_REGION}.amazonaws.com"
+  PREFIX="${HOST}/${REPO_NAME}"
+  login() {
+    if (( DRY_RUN )); then
+      echo "aws ecr get-login-password --region ${AWS_REGION} | ${DOCKER} login --username AWS --password-stdin ${HOST}"
+    else
+      aws ecr get-login-password --region "$AWS_REGION" | "$DOCKER" login --username AWS --password-stdin "$HOST"
+    fi
+  }
+elif [[ -n "${REGISTRY:-}" ]]; then
+  MODE="REGISTRY"
+  need REGISTRY TAG
+  PREFIX="${REGISTRY%/}"
+  login() { :; }
+else
+  die "no registry: set PROJECT_ID (with REGION, REPO_NAME) for Artifact Registry, AWS_ACCOUNT_ID (with AWS_REGION, REPO_NAME) for ECR, or REGISTRY"
+fi
+
+login
+for target in $TARGETS; do
+  case "$target" in
+    trainer|operator) ;;
+    *) die "TARGETS: unknown target '$target' (trainer, operator)" ;;
+  esac
+  image="${PREFIX}/${IMAGE_NAME}-${target}:${TAG}"
+  run "$DOCKER" build --platform "$PLATFORM" --target "$target" --tag "$image" "$CONTEXT"
+  run "$DOCKER" push "$image"
+done
