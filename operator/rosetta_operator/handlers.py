@@ -145,10 +145,13 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
     settings.watching.client_timeout = 300
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = 60
-    # Bursts of JobSet status updates for one object are folded into one handler call.
-    settings.batching.batch_window = 0.2
-    settings.batching.idle_timeout = 30.0
-    settings.batching.error_delays = (1, 2, 5, 10, 30, 60)
+    # Error backoff for handlers that raise (API hiccups): quick first retries, capped at a minute.
+    settings.queueing.error_delays = (1, 2, 5, 10, 30, 60)
+    # When the watch stream lags (a burst of new trainings), kopf waits this long for its own
+    # last patch to come back before treating an event as news. The default of 5 s made a
+    # create handler run again for a training it had just handled: harmless (create is
+    # idempotent) but it doubled the backlog under load.
+    settings.persistence.consistency_timeout = 60.0
     # Handlers are synchronous (kubernetes client); threads bound the concurrent API calls.
     settings.execution.max_workers = 8
 
