@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast clean
+.PHONY: install demo test test-fast bench bench-operator clean
 
 install: $(STAMP)
 
@@ -25,6 +25,21 @@ test: install
 
 test-fast: install
 	$(PY) -m pytest -m "not slow"
+
+# Rosetta against Hugging Face's Seq2SeqTrainer (docs/benchmarks.md); BENCH_ARGS="--steps 600 ..."
+BENCH_STAMP := $(VENV)/.installed-bench
+
+$(BENCH_STAMP): $(STAMP)
+	$(PIP) install -e '.[dev,bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(PY) bench/hf_seq2seq.py $(BENCH_ARGS)
+
+# The operator against a real control plane: N TranslationTrainings (docs/benchmarks.md, "Operator at scale").
+# OPERATOR_BENCH_ARGS="--count 1000 --rate 20 --namespaces 1"
+bench-operator: $(BENCH_STAMP)
+	$(PY) bench/operator_scale.py $(OPERATOR_BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

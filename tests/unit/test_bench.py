@@ -1,0 +1,52 @@
+"""bench/hf_seq2seq.py: argument checks and how the two systems' logs become figures (no training)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "hf_seq2seq.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("hf_seq2seq", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_jsonl(path: Path, records: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_defaults_and_checks(bench):
+    args = bench.parse_args([])
+    assert (args.steps, args.repeats, args.batch, args.model_size, args.warmup) == (300, 2, 64, "small", 30)
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--eval-interval", "15"])  # not a multiple of the log interval
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--steps", "40", "--skip-steps", "50"])
+
+
+def test_rosetta_windows_leave_out_validation_time(bench, tmp_path):
+    # Two windows of 10 steps, 1 s per step; a 4 s validation at step 10 falls in the second.
+    write_jsonl(tmp_path / "metrics.jsonl", [
+        {"step": 10, "step_time_s": 1.0, "target_tokens_per_s": 100.0},
+        {"step": 20, "step_time_s": 1.0, "target_tokens_per_s": 100.0},
+    ])
+    write_jsonl(tmp_path / "eval.jsonl", [
+        {"step": 10, "split": "validation", "bleu": 1.0, "seconds": 4.0},
+        {"step": 20, "split": "validation", "bleu": 3.0, "seconds": 4.0},
+    ])
+    (tmp_path / "summary.json").write_text(json.dumps({"final_loss": 5.0}))
+    windows, evals = bench.rosetta_timeline(tmp_path)
+    assert windows == [(1, 10, 1000.0, 10.0), (11, 20, 1000.0, 6.0)]
+    assert [e["train_seconds"] for e in evals] == [10.0, 16.0]
+
+    args = bench.parse_args(["--skip-steps", "10", "--bleu", "2"])
+    run = bench.measure("rosetta", tmp_path, {"wall_seconds": 30.0, "peak_rss_main_bytes": 1,
+                                              "peak_rss_tree_bytes": 2}, args)
+    assert run["target_tokens_per_s"] == pytest.approx(1000.0 / 6.0)
+    assert (run["seconds_to_bleu"], run["steps_to_bleu"]) == (16.0, 20)
