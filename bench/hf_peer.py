@@ -43,6 +43,7 @@ from rosetta_trainer.config import load_document  # noqa: E402
 from rosetta_trainer.data import read_split  # noqa: E402
 from rosetta_trainer.distributed import World, pick_device  # noqa: E402
 from rosetta_trainer.evaluate import evaluate_examples, model_inputs  # noqa: E402
+from rosetta_trainer.models import freeze_fixed_positions  # noqa: E402
 
 IGNORE_INDEX = -100
 # Rosetta's schedule names -> the Trainer's lr_scheduler_type. noam (inverse square root) has
@@ -104,16 +105,6 @@ class Meter(TrainerCallback):
         self.evals.close()
 
 
-def freeze_fixed_positions(model) -> None:
-    # from_pretrained makes Marian's sinusoidal position table trainable again; Rosetta's loader
-    # freezes it (models._freeze_fixed_positions). Freeze it here too, so both runs train the
-    # same parameters.
-    for module in model.modules():
-        if "Sinusoidal" in type(module).__name__:
-            for param in module.parameters(recurse=False):
-                param.requires_grad_(False)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="the Rosetta TranslationTraining YAML")
@@ -144,6 +135,8 @@ def main() -> int:
                      for i, a, lab in zip(inputs["input_ids"], inputs["attention_mask"], labels["input_ids"])]
 
     model = AutoModelForSeq2SeqLM.from_pretrained(spec.model.name, attn_implementation=spec.model.attention)
+    # from_pretrained makes Marian's sinusoidal position table trainable again; freeze it as
+    # Rosetta's loader does, so both runs train the same parameters.
     freeze_fixed_positions(model)
     collator = CountingCollator(DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=IGNORE_INDEX))
 

@@ -10,32 +10,33 @@ import argparse
 import sys
 
 
+def _add_host_path_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-host-path", action="store_true", help="accept hostPath volumes in specs")
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
+    from rosetta_trainer.cli import add_document_arguments
+
     p = sub.add_parser("crd", help="print the TranslationTraining CustomResourceDefinition (YAML)")
     p.set_defaults(func=_cmd_crd)
 
     p = sub.add_parser("render", help="print the ConfigMap and JobSet the operator would create")
-    p.add_argument("-f", "--file", required=True, help="TranslationTraining YAML")
+    add_document_arguments(p)
     p.add_argument("-n", "--namespace", help="namespace (default: metadata.namespace or 'default')")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
-                   help="override a field, e.g. --set spec.nodes=2 (repeatable)")
-    p.add_argument("--allow-host-path", action="store_true", help="accept hostPath volumes")
+    _add_host_path_argument(p)
     p.set_defaults(func=_cmd_render)
 
     p = sub.add_parser("validate", help="check a TranslationTraining file as the operator would")
-    p.add_argument("-f", "--file", required=True, help="TranslationTraining YAML")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE")
-    p.add_argument("--allow-host-path", action="store_true", help="accept hostPath volumes")
+    add_document_arguments(p)
+    _add_host_path_argument(p)
     p.set_defaults(func=_cmd_validate)
 
     p = sub.add_parser("run", help="run a TranslationTraining's pods as local processes (no cluster needed)")
-    p.add_argument("-f", "--file", required=True, help="TranslationTraining YAML")
+    add_document_arguments(p)
     p.add_argument("-o", "--output", help="run directory (default: runs/<metadata.name>)")
     p.add_argument("--volume", action="append", default=[], metavar="NAME=LOCAL_DIR",
                    help="mount the pod volume NAME from this directory (repeatable; default: under the output)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
-                   help="override a field, e.g. --set spec.nodes=2 (repeatable)")
-    p.add_argument("--allow-host-path", action="store_true", help="accept hostPath volumes")
+    _add_host_path_argument(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--quiet", action="store_true", help="pod logs only to the log files, not the terminal")
     p.set_defaults(func=_cmd_run)
@@ -45,7 +46,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="watch this namespace (repeatable); default: the whole cluster")
     p.add_argument("--all-namespaces", action="store_true", help="watch every namespace")
     p.add_argument("--liveness-port", type=int, default=8080, help="port of the /healthz endpoint")
-    p.add_argument("--allow-host-path", action="store_true", help="accept hostPath volumes in specs")
+    _add_host_path_argument(p)
     p.add_argument("--metrics-port", type=int, default=8000, help="port of the operator's Prometheus metrics")
     p.add_argument("--peering", metavar="NAME",
                    help="coordinate replicas through this KopfPeering (installed by the Helm chart); "

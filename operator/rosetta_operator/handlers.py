@@ -40,7 +40,7 @@ from rosetta_operator import progress as pr
 from rosetta_operator import status as st
 from rosetta_operator.crd import PHASES
 from rosetta_operator.render import TRAINING_LABEL, render
-from rosetta_operator.spec import TranslationTrainingSpec, parse_spec, parse_training
+from rosetta_operator.spec import TranslationTrainingSpec, parse_spec, parse_training, plain
 
 GROUP, VERSION = API_VERSION.split("/")
 PLURAL = "translationtrainings"
@@ -541,7 +541,7 @@ def _owner_ref(child: Mapping) -> Optional[Mapping]:
 
 
 def _without_mutable(spec: Mapping) -> dict:
-    return {k: v for k, v in _plain(spec).items() if k not in MUTABLE_FIELDS}
+    return {k: v for k, v in plain(spec).items() if k not in MUTABLE_FIELDS}
 
 
 def _applied_spec_of(jobset: Mapping, default: dict) -> dict:
@@ -563,11 +563,3 @@ def _parsed_spec(spec: Mapping) -> Optional[TranslationTrainingSpec]:
 def _finished(jobset: Mapping) -> bool:
     return any(c.get("type") in ("Completed", "Failed") and c.get("status") == st.TRUE
                for c in (jobset.get("status") or {}).get("conditions") or [])
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value

@@ -462,12 +462,12 @@ class TranslationTraining(BaseModel):
     spec: TranslationTrainingSpec
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     # kopf hands over Body/Spec mappings, not dicts; pydantic wants plain data.
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     return value
 
 
@@ -489,7 +489,7 @@ _ITEM_MESSAGE = re.compile(r"^(?P<field>\w+)(?P<item>\[\d+\](\.\w+)*): (?P<messa
 
 def parse_training(raw: Any, source: str | None = None, allow_host_path: bool = False) -> TranslationTraining:
     """Validate a whole TranslationTraining document; ConfigError lists every problem by field path."""
-    raw = _plain(raw)
+    raw = plain(raw)
     if not isinstance(raw, dict):
         raise ConfigError([("(document)", "expected a mapping with apiVersion, kind and spec")], source)
     try:
@@ -501,7 +501,7 @@ def parse_training(raw: Any, source: str | None = None, allow_host_path: bool = 
 def parse_spec(raw: Any, allow_host_path: bool = False) -> TranslationTrainingSpec:
     """Validate only a spec (what a kopf handler gets); error paths start with 'spec.'."""
     try:
-        return TranslationTrainingSpec.model_validate(_plain(raw), context={"allow_host_path": allow_host_path})
+        return TranslationTrainingSpec.model_validate(plain(raw), context={"allow_host_path": allow_host_path})
     except ValidationError as exc:
         raise ConfigError(_errors(exc, prefix="spec")) from None
 
@@ -516,5 +516,5 @@ def load_training(path: str | Path, overrides: list[str] | None = None,
 __all__ = [
     "DEFAULT_IMAGE", "LAUNCHER_ENV", "LAUNCHER_ENV_PREFIXES", "CLUSTER_FIELDS", "TranslationTraining",
     "TranslationTrainingSpec", "VolumeSpec", "EnvVar", "launcher_env_owner", "load_training",
-    "parse_spec", "parse_training", "ConfigError",
+    "parse_spec", "parse_training", "plain", "ConfigError",
 ]

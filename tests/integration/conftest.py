@@ -13,18 +13,15 @@ from __future__ import annotations
 import logging
 import os
 import re
-import sys
-import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Iterator, Optional
 
 import pytest
 import yaml
 
-from support.cluster import (  # noqa: F401  (re-exported for the tests)
-    JOBSET_CRD, REPO, SHARED_K8S, TIMEOUT, Cluster, ControlPlane, ControlPlaneError, cache_dir, find_assets, wait_for,
-)
+from support.cluster import JOBSET_CRD, Cluster  # also puts tests/envtest on sys.path
+from control_plane import ControlPlane, ControlPlaneError, cache_dir, find_assets  # noqa: E402
 
 
 @pytest.fixture(scope="session")

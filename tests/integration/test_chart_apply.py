@@ -14,11 +14,10 @@ import uuid
 from typing import Any, Iterator
 
 import pytest
-import yaml
 from kubernetes.client.rest import ApiException
 
 from support.chart import CHART, MONITORING_APIS, render
-from support.cluster import Cluster, wait_for
+from support.cluster import Cluster
 
 pytestmark = pytest.mark.integration
 

@@ -7,20 +7,16 @@ controller is played by the tests: they patch JobSet .status the way it would.
 from __future__ import annotations
 
 import copy
-import os
-import signal
 import subprocess
-import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 import yaml
 from kubernetes.client.rest import ApiException
 
 from control_plane import free_port
-from support.cluster import REPO, Cluster, wait_for
+from support.cluster import REPO, Cluster, OperatorProcess, wait_for
 from rosetta_operator.status import ConditionType, Phase, Reason
 
 pytestmark = pytest.mark.integration
@@ -329,17 +325,11 @@ def test_schema_rejects_bad_nodes(cluster, namespace, nodes):
 def test_cli_operator_serves_liveness(cluster, namespace):
     """`rosetta operator` as deployed: a process with /healthz; it reconciles and stops on SIGTERM."""
     port, metrics = free_port(), free_port()
-    env = {**os.environ, "KUBECONFIG": cluster.kubeconfig}
-    env.pop("KUBERNETES_SERVICE_HOST", None)
-    log = Path(cluster.cp.workdir) / f"operator-{namespace}.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "rosetta_trainer.cli", "operator", "--namespace", namespace,
-                                 "--liveness-port", str(port), "--metrics-port", str(metrics)],
-                                stdout=out, stderr=subprocess.STDOUT, env=env)
+    op = OperatorProcess(cluster, f"operator-{namespace}", "--namespace", namespace,
+                         "--liveness-port", str(port), "--metrics-port", str(metrics))
     try:
         def healthy():
-            if proc.poll() is not None:
-                pytest.fail(f"rosetta operator exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+            op.check_alive()
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as resp:
                     return resp.status == 200
@@ -351,13 +341,8 @@ def test_cli_operator_serves_liveness(cluster, namespace):
         create(cluster, namespace, training("mt"))
         created(cluster, namespace, "mt")
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, log.read_text()[-3000:]
+        code = op.stop()
+    assert code == 0, op.tail()
 
 
 def install_peering_crds(cluster: Cluster) -> None:
@@ -381,22 +366,13 @@ def test_two_peered_operators_make_one_jobset(cluster, namespace):
     install_peering_crds(cluster)
     cluster.custom.create_namespaced_custom_object("kopf.dev", "v1", namespace, "kopfpeerings", {
         "apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "rosetta"}})
-    env = {**os.environ, "KUBECONFIG": cluster.kubeconfig}
-    env.pop("KUBERNETES_SERVICE_HOST", None)
-    procs, logs = [], []
+    ops = [OperatorProcess(cluster, f"operator-{namespace}-peer{i}", "--namespace", namespace,
+                           "--peering", "rosetta", "--liveness-port", "0", "--metrics-port", "0")
+           for i in range(2)]
     try:
-        for i in range(2):
-            logs.append(Path(cluster.cp.workdir) / f"operator-{namespace}-peer{i}.log")
-            with open(logs[-1], "wb") as out:
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "rosetta_trainer.cli", "operator", "--namespace", namespace,
-                     "--peering", "rosetta", "--liveness-port", "0", "--metrics-port", "0"],
-                    stdout=out, stderr=subprocess.STDOUT, env=env))
-
         def peers():
-            for proc, log in zip(procs, logs):
-                if proc.poll() is not None:
-                    pytest.fail(f"rosetta operator exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+            for op in ops:
+                op.check_alive()
             obj = cluster.custom.get_namespaced_custom_object("kopf.dev", "v1", namespace, "kopfpeerings", "rosetta")
             return len(obj.get("status") or {}) == 2
         wait_for(peers, "both operators in the KopfPeering's status", timeout=60)
@@ -407,11 +383,5 @@ def test_two_peered_operators_make_one_jobset(cluster, namespace):
         jobsets = cluster.custom.list_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", namespace, "jobsets")
         assert [j["metadata"]["name"] for j in jobsets["items"]] == ["mt"]
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        for op in ops:
+            op.stop()

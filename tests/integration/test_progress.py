@@ -8,10 +8,6 @@ Pod object rank 0 would have and gives it podIP 127.0.0.1 through the status sub
 from __future__ import annotations
 
 import copy
-import os
-import signal
-import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
@@ -21,7 +17,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from control_plane import free_port
-from support.cluster import REPO, Cluster, wait_for
+from support.cluster import REPO, Cluster, OperatorProcess, wait_for
 from rosetta_operator import handlers
 from rosetta_operator.metric_names import OPERATOR_METRICS, TRAINER_METRICS
 from rosetta_operator.render import COMPLETION_INDEX
@@ -169,19 +165,13 @@ def test_live_endpoints_expose_every_listed_metric(cluster, namespace, tmp_path)
 
     # The operator as deployed (`rosetta operator --metrics-port`), after one reconcile.
     metrics, liveness = free_port(), free_port()
-    env = {**os.environ, "KUBECONFIG": cluster.kubeconfig}
-    env.pop("KUBERNETES_SERVICE_HOST", None)
-    log = Path(cluster.cp.workdir) / f"operator-{namespace}.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "rosetta_trainer.cli", "operator", "--namespace", namespace,
-                                 "--liveness-port", str(liveness), "--metrics-port", str(metrics)],
-                                stdout=out, stderr=subprocess.STDOUT, env=env)
+    op = OperatorProcess(cluster, f"operator-{namespace}", "--namespace", namespace,
+                         "--liveness-port", str(liveness), "--metrics-port", str(metrics))
     try:
         cluster.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, training_doc("mt", 9400))
 
         def reconciled():
-            if proc.poll() is not None:
-                pytest.fail(f"rosetta operator exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+            op.check_alive()
             try:
                 text = scrape(metrics)
             except OSError:
@@ -189,12 +179,7 @@ def test_live_endpoints_expose_every_listed_metric(cluster, namespace, tmp_path)
             return APPLIED in text and text
         text = wait_for(reconciled, "the operator's metrics after a reconcile", timeout=30)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        op.stop()
     missing = sorted(set(OPERATOR_METRICS) - exposed(text))
     assert not missing, f"the operator's endpoint lacks {missing}"
     assert "rosetta_operator_jobsets_created_total 1.0" in text

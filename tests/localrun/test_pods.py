@@ -39,7 +39,8 @@ def test_each_pod_gets_its_rank_the_local_master_and_the_launcher_command(tmp_pa
     # container paths became local ones: the config file and the output volume
     config = pods[0].argv[pods[0].argv.index("-f") + 1]
     assert config == str(tmp_path.resolve() / "config" / "training.yaml")
-    assert trainer_output(pods[0]) == tmp_path.resolve() / "volumes" / "output" / "tiny"
+    assert trainer_output(rendered, paths) == tmp_path.resolve() / "volumes" / "output" / "tiny"
+    assert pods[0].env["ROSETTA_OUTPUT"] == str(trainer_output(rendered, paths))
 
 
 def test_the_configmap_reaches_the_pods_with_mounted_paths_rewritten(tmp_path):

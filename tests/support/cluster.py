@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -14,7 +17,7 @@ SHARED_K8S = REPO.parent / "shared" / "k8s"
 JOBSET_CRD = SHARED_K8S / "jobset-crd-v0.12.0-k8s1.20.yaml"
 
 sys.path.insert(0, str(REPO / "tests" / "envtest"))
-from control_plane import ControlPlane, ControlPlaneError, cache_dir, find_assets  # noqa: E402
+from control_plane import ControlPlane  # noqa: E402
 
 # Short polls: every wait below ends as soon as the API shows what it waits for.
 POLL = 0.1
@@ -60,3 +63,33 @@ class Cluster:
 
     def logs(self) -> str:
         return "\n".join(f"--- {name} ---\n{self.cp.logs(name, 15)}" for name in self.cp.procs)
+
+
+class OperatorProcess:
+    """`rosetta operator ARGS` as deployed: its own process, logging to the control plane's workdir."""
+
+    def __init__(self, cluster: Cluster, log_name: str, *args: str):
+        env = {**os.environ, "KUBECONFIG": cluster.kubeconfig}
+        env.pop("KUBERNETES_SERVICE_HOST", None)  # never the cluster this test process may run in
+        self.log = Path(cluster.cp.workdir) / f"{log_name}.log"
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "rosetta_trainer.cli", "operator", *args],
+                                         stdout=out, stderr=subprocess.STDOUT, env=env)
+
+    def check_alive(self) -> None:
+        """Fail the test with the operator's log when it has exited."""
+        if self.proc.poll() is not None:
+            pytest.fail(f"rosetta operator exited with {self.proc.returncode}:\n{self.tail()}")
+
+    def tail(self) -> str:
+        return self.log.read_text()[-3000:]
+
+    def stop(self) -> int:
+        """SIGTERM, as the kubelet stops a pod; SIGKILL if it does not exit within 20 s."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        return self.proc.returncode

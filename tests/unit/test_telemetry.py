@@ -1,18 +1,12 @@
 """Rank 0's outputs: metrics.jsonl/eval.jsonl, rewound on resume, and the Prometheus endpoint."""
 
 import json
-import socket
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from rosetta_operator.local.pods import free_port
 from rosetta_trainer.telemetry import Telemetry, truncate_jsonl
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape(port: int) -> dict:

@@ -9,20 +9,26 @@ import sys
 from rosetta_trainer.config import ConfigError
 
 
-def _add_trainer_commands(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train a TranslationTraining in this process (or under torchrun)")
-    p.add_argument("-f", "--file", required=True, help="TranslationTraining YAML")
-    p.add_argument("-o", "--output", help="output directory (default: runs/<metadata.name>)")
+def add_document_arguments(p: argparse.ArgumentParser, *, required: bool = True,
+                           file_help: str = "TranslationTraining YAML") -> None:
+    """-f FILE and --set PATH=VALUE, the same for every command that reads a TranslationTraining."""
+    p.add_argument("-f", "--file", required=required, help=file_help)
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
                    help="override a field, e.g. --set spec.training.maxSteps=100 (repeatable)")
+
+
+def _add_trainer_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train a TranslationTraining in this process (or under torchrun)")
+    add_document_arguments(p)
+    p.add_argument("-o", "--output", help="output directory (default: runs/<metadata.name>)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("evaluate", help="evaluate a saved checkpoint or exported model")
     p.add_argument("--checkpoint", required=True, help="checkpoint or model directory")
-    p.add_argument("-f", "--file", help="YAML whose data.test (or --split) to evaluate; default: the checkpoint's own config")
+    add_document_arguments(p, required=False,
+                           file_help="YAML whose data.test (or --split) to evaluate; default: the checkpoint's own config")
     p.add_argument("--split", default="test", choices=["validation", "test"])
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE")
     p.add_argument("--beams", type=int)
     p.add_argument("--max-samples", type=int)
     p.add_argument("--output", help="write the scores (JSON) and hypotheses here")

@@ -88,11 +88,11 @@ def load_pretrained(name_or_path: str, attention: str = "sdpa") -> PreTrainedMod
             raise
         log.warning("%s does not support SDPA attention; using eager attention", name_or_path)
         model = AutoModelForSeq2SeqLM.from_pretrained(name_or_path, attn_implementation="eager")
-    _freeze_fixed_positions(model)
+    freeze_fixed_positions(model)
     return model
 
 
-def _freeze_fixed_positions(model: PreTrainedModel) -> None:
+def freeze_fixed_positions(model: PreTrainedModel) -> None:
     # Sinusoidal position tables are constants that from_config creates frozen, but loading
     # them back makes them trainable again: AdamW would then update them after a resume (and
     # the optimizer state saved before it no longer matches the parameter groups).

@@ -239,6 +239,7 @@ def plan_pods(rendered: Rendered, nodes: int, paths: PathMap, hardware: Hardware
     return pods
 
 
-def trainer_output(pod: LocalPod) -> Path:
-    """Where rank 0 writes metrics, evaluations and the summary (the trainer's --output)."""
-    return Path(pod.env["ROSETTA_OUTPUT"])
+def trainer_output(rendered: Rendered, paths: PathMap) -> Path:
+    """Where rank 0 writes metrics, evaluations and the summary (the trainer's --output), locally."""
+    env = {var["name"]: var.get("value") for var in _pod_template(rendered)["containers"][0].get("env", [])}
+    return Path(paths.local(env["ROSETTA_OUTPUT"]))

@@ -56,15 +56,13 @@ def run(file: str, *, output: str | None = None, volumes: list[str] = (), overri
         return plan_pods(rendered, spec.nodes, paths, hardware, master_port=free_port(), attempt=attempt,
                          warn=lambda msg: print(f"[rosetta run] {msg}", file=sys.stderr, flush=True))
 
-    first = make_pods(0)
-    trainer_out = trainer_output(first[0])
+    trainer_out = trainer_output(rendered, paths)
     print(f"[rosetta run] {name}: {spec.nodes} pod(s) x {hardware.procs_per_pod} process(es), "
           f"output {out}", flush=True)
     bar = TrainingProgress(trainer_out, enabled=progress)
     sink = (lambda line: None) if quiet else bar.write
-    pods_of = {0: first}
     grace = spec.termination_grace_period_seconds or DEFAULT_GRACE_SECONDS
-    jobset = LocalJobSet(lambda attempt: pods_of.pop(attempt, None) or make_pods(attempt),
+    jobset = LocalJobSet(make_pods,
                          max_restarts=spec.failure_policy.max_restarts, grace_seconds=grace,
                          output=out, sink=sink, on_tick=bar.tick)
 
