@@ -233,12 +233,74 @@ class TrainingSpec(Model):
     log_interval: int = Field(10, ge=1, description="Steps between lines in metrics.jsonl.")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     compile: bool = Field(False, description="torch.compile the model.")
+    nan_policy: Literal["skip", "stop"] = Field(
+        "stop",
+        description=(
+            "A non-finite loss or gradient norm: skip that optimizer step (recorded in the metrics) "
+            "or stop the run with an error. Either way no checkpoint with non-finite weights is written."
+        ),
+    )
 
     @model_validator(mode="after")
     def _length(self):
         if self.max_steps is None and self.epochs is None:
             raise ValueError("set 'maxSteps' or 'epochs'")
         return self
+
+
+class OffloadSpec(Model):
+    optimizer: Literal["none", "cpu"] = Field(
+        "none", description="ZeRO-Offload: optimizer state and step on the CPU (DeepSpeedCPUAdam)."
+    )
+    parameters: Literal["none", "cpu"] = Field(
+        "none", description="ZeRO-Infinity: parameters on the CPU between uses; needs zeroStage 3."
+    )
+
+
+class DistributedSpec(Model):
+    """How the processes share the work: plain data parallel (DDP) or DeepSpeed ZeRO."""
+
+    backend: Literal["ddp", "deepspeed"] = Field(
+        "ddp", description="ddp: torch DistributedDataParallel; deepspeed: a DeepSpeed engine with ZeRO."
+    )
+    zero_stage: Optional[Literal[0, 1, 2, 3]] = Field(
+        None,
+        description=(
+            "deepspeed: 1 shards optimizer state, 2 also gradients, 3 also parameters "
+            "(default 2; 0 is plain data parallel inside DeepSpeed)."
+        ),
+    )
+    offload: OffloadSpec = Field(default_factory=OffloadSpec)
+    deepspeed_config: Optional[dict[str, Any]] = Field(
+        None,
+        description=(
+            "deepspeed: raw DeepSpeed config merged over the one generated from this spec "
+            "(e.g. zero_optimization.overlap_comm); the merged config is saved with the run."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _deepspeed_only(self):
+        if self.backend == "ddp":
+            used = [name for name, value in (
+                ("zeroStage", self.zero_stage), ("deepspeedConfig", self.deepspeed_config),
+                ("offload.optimizer", self.offload.optimizer != "none" or None),
+                ("offload.parameters", self.offload.parameters != "none" or None),
+            ) if value is not None]
+            if used:
+                raise ValueError(f"{', '.join(used)} need backend: deepspeed")
+        elif self.offload.parameters == "cpu" and self.stage < 3:
+            raise ValueError(f"offload.parameters: cpu needs zeroStage 3 (got {self.stage})")
+        elif self.offload.optimizer == "cpu" and self.stage < 1:
+            raise ValueError("offload.optimizer: cpu needs zeroStage 1, 2 or 3")
+        return self
+
+    @property
+    def stage(self) -> int:
+        """The ZeRO stage in effect (0 for DDP)."""
+        if self.backend == "ddp":
+            return 0
+        return 2 if self.zero_stage is None else self.zero_stage
 
 
 class CheckpointSpec(Model):
@@ -275,6 +337,7 @@ class TrainerSpec(Model):
     tokenizer: TokenizerSpec = Field(default_factory=TokenizerSpec)
     data: DataSpec
     training: TrainingSpec
+    distributed: DistributedSpec = Field(default_factory=DistributedSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)
