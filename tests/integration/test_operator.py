@@ -1,6 +1,6 @@
 """The operator against a real kube-apiserver: what a user sees with kubectl, end to end.
 
-Every test gets its own namespace and a fresh operator (tests/integration/conftest.py). The JobSet
+Every test gets its own namespace and a fresh operator (tests/conftest.py). The JobSet
 controller is played by the tests: they patch JobSet .status the way it would.
 """
 

@@ -1,5 +1,8 @@
 """A real control plane for the operator: etcd + kube-apiserver + kube-controller-manager (v1.20).
 
+Here at the top of tests/ so that every folder (integration/, faults/) shares one control plane
+per session: it is only started by the first test that asks for `cluster`.
+
 Session scope: the control plane, both CRDs (ours from crd.build_crd(), JobSet's from the shared
 k8s folder next to the repository) and a kubernetes client logged in as a system:masters admin.
 Test scope: a fresh namespace, and the operator itself running in this process (kopf's KopfRunner).
@@ -168,10 +171,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # The first test here pays for the session's control plane, which on a machine without
+    # The first test that needs the control plane pays for it, which on a machine without
     # cached binaries means building them from source (minutes on two cores): give every test
-    # here room for that beyond the suite-wide per-test timeout.
-    here = Path(__file__).parent
+    # that uses it room for that beyond the suite-wide per-test timeout.
     for item in items:
-        if here in Path(str(item.fspath)).parents:
+        if "cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.timeout(2700))
