@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from rosetta_trainer.config import TrainerSpec
 from rosetta_trainer.data import Example
 from rosetta_trainer.distributed import World, all_reduce_sum
 from rosetta_trainer.evaluate import evaluate_examples
+from rosetta_trainer.preemption import StopRequested
 from rosetta_trainer.flops import Seq2SeqDims, peak_flops, training_flops
 from rosetta_trainer.schedules import lr_multiplier
 from rosetta_trainer.telemetry import Telemetry
@@ -41,29 +41,6 @@ class Position:
     best_bleu: float | None = None
     best_step: int | None = None
     last_bleu: float | None = None
-
-
-class StopRequested:
-    """SIGTERM/SIGINT set a flag; the loop stops at the next step boundary and checkpoints."""
-
-    def __init__(self):
-        self.flag = False
-        self._previous = {}
-
-    def install(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                self._previous[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread (e.g. called from a test harness thread)
-                pass
-
-    def _handle(self, signum, _frame) -> None:
-        log.warning("received signal %d: stopping at the next step boundary", signum)
-        self.flag = True
-
-    def restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 def autocast(precision: str, device: torch.device):
