@@ -37,12 +37,14 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
     import transformers
 
     from rosetta_trainer import checkpoint as ckpt
+    from rosetta_trainer import s3_mirror
     from rosetta_trainer.batching import encode
-    from rosetta_trainer.data import read_split
+    from rosetta_trainer.data_checks import describe, read_checked
     from rosetta_trainer.distributed import barrier, close, init_world
     from rosetta_trainer.evaluate import model_inputs
     from rosetta_trainer.loop import Position, Trainer
-    from rosetta_trainer.models import build_model, count_parameters, load_pretrained
+    from rosetta_trainer.deepspeed_backend import is_deepspeed_checkpoint, partitioned_loading
+    from rosetta_trainer.models import build_model, count_parameters, load_pretrained, model_from_config
     from rosetta_trainer.telemetry import Telemetry
 
     spec = document.spec
@@ -56,12 +58,19 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
     output.mkdir(parents=True, exist_ok=True)
     ckpt_root = Path(spec.checkpoint.dir) if spec.checkpoint.dir else Path("checkpoints")
     ckpt_root = ckpt_root if ckpt_root.is_absolute() else output / ckpt_root
-    checkpoints = ckpt.CheckpointManager(ckpt_root, world, keep=spec.checkpoint.keep, keep_best=spec.checkpoint.keep_best)
     resume_from = ckpt.latest_checkpoint(ckpt_root)
+    if spec.checkpoint.s3 is not None:  # an empty node resumes from the newest complete copy in S3
+        resume_from = s3_mirror.resume_point(spec.checkpoint.s3, ckpt_root, world)
+    mirror = s3_mirror.start(spec.checkpoint, ckpt_root, world, output)  # rank 0 with s3 set, else None
+    checkpoints = ckpt.CheckpointManager(ckpt_root, world, keep=spec.checkpoint.keep, keep_best=spec.checkpoint.keep_best,
+                                         on_complete=mirror.submit if mirror else None)
 
-    # 1. data
-    train_examples = read_split(spec.data, "train")
-    validation, test = read_split(spec.data, "validation"), read_split(spec.data, "test")
+    # 1. data, checked on the raw text: bad files stop here, filtered pairs are counted
+    data = read_checked(spec.data)
+    train_examples, validation, test = data.train, data.validation, data.test
+    log.info("data: %s", describe(data))
+    for warning in data.warnings:
+        log.warning("%s", warning)
     if not train_examples:
         raise ValueError("spec.data.train: no training examples")
     use_prefix = spec.uses_task_prefix()
@@ -75,11 +84,15 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
 
     # 3. model: the same initial weights on every rank, then per-rank dropout streams
     _seed_everything(spec.training.seed)
-    if resume_from is not None:
+    if resume_from is not None and is_deepspeed_checkpoint(resume_from):
+        # Only the config is in model/: the engine loads the weights from the ZeRO shards.
+        model = model_from_config(str(resume_from / "model"), spec.model.attention)
+    elif resume_from is not None:
         model = load_pretrained(str(resume_from / "model"), spec.model.attention)
     else:
-        model = build_model(spec.model, vocab_size=len(tokenizer),
-                            max_length=max(d.max_source_length, d.max_target_length))
+        with partitioned_loading(spec, world.device.type == "cuda"):
+            model = build_model(spec.model, vocab_size=len(tokenizer),
+                                max_length=max(d.max_source_length, d.max_target_length))
     _seed_everything(spec.training.seed + world.rank)
     log.info("model %s, %.1fM parameters, %d training pairs, world size %d, device %s",
              type(model).__name__, count_parameters(model) / 1e6, len(train_examples), world.size, world.device)
@@ -109,23 +122,35 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
     trainer = Trainer(spec=spec, world=world, model=model, tokenizer=tokenizer, train_corpus=corpus,
                       validation=validation, test=test, checkpoints=checkpoints, telemetry=telemetry,
                       document_yaml=document_yaml, position=position, progress=progress)
+    if world.is_main and spec.distributed.backend == "deepspeed":
+        import json
+
+        # The config DeepSpeed actually ran with (generated + the spec's overrides).
+        (output / "deepspeed_config.json").write_text(json.dumps(trainer.backend.config, indent=2))
     if state is not None:
-        trainer.load_state_dict(state)
+        trainer.load_state_dict(state, resume_from)
         if rng is not None:
             ckpt.set_rng_state(rng)
 
     # 5. train, then report
     try:
         summary = trainer.run()
+        if mirror is not None:  # the final (or preemption) checkpoint reaches S3 before we exit
+            summary["s3_mirror"] = mirror.finish()
         summary["resumed_from_step"] = state["step"] if state else None
         summary["restart_attempt"] = restart_attempt
         summary["output"] = str(output)
+        summary["data"] = data.report
+        if spec.distributed.backend == "deepspeed" and world.is_main:
+            summary["export"] = _export_deepspeed(summary, output)
         if world.is_main:
             path = telemetry.write_summary(summary)
             _print_result(summary, path)
         barrier(world)
         return summary
     finally:
+        if mirror is not None:
+            mirror.finish()
         telemetry.close()
         close(world)
         del torch
@@ -149,6 +174,19 @@ def _prepare_tokenizer(spec, sources, targets, output: Path, world, resume_from)
     return load_tokenizer(str(out))
 
 
+def _export_deepspeed(summary: dict, output: Path) -> dict:
+    """ZeRO checkpoints hold shards: gather the final and best ones into Hugging Face models
+    under <output>/export/ (what `rosetta evaluate`/`translate` and from_pretrained load)."""
+    from rosetta_trainer.deepspeed_backend import export_hf
+
+    exported = {}
+    for which, key in (("final", "latest_checkpoint"), ("best", "best_checkpoint")):
+        path = summary.get(key)
+        if path and Path(path).is_dir():
+            exported[which] = str(export_hf(Path(path), output / "export" / which))
+    return exported
+
+
 def _seed_everything(seed: int) -> None:
     import torch
 
@@ -158,16 +196,22 @@ def _seed_everything(seed: int) -> None:
 
 
 def _print_result(summary: dict, summary_path) -> None:
+    from rosetta_trainer.scoring import LABELS
+
+    # final_bleu and best_bleu hold the primary metric: ROUGE-L for summarization.
+    metric = LABELS[summary.get("primary_metric", "bleu")]
     bleu, best, best_step = summary.get("final_bleu"), summary.get("best_bleu"), summary.get("best_step")
     bleu_text = "-" if bleu is None else f"{bleu:.2f}"
     best_text = "-" if best is None else f"{best:.2f} (step {best_step})"
     lines = [
         f"steps: {summary['steps']}/{summary['total_steps']}   world size: {summary['world_size']}   "
         f"wall: {summary['wall_seconds']:.0f}s   tokens/s: {summary['tokens_per_s'] or 0:.0f}",
-        f"validation BLEU: {bleu_text}   best: {best_text}",
+        f"validation {metric}: {bleu_text}   best: {best_text}",
     ]
-    if summary.get("test"):
-        lines.append(f"test BLEU: {summary['test']['bleu']:.2f}   chrF: {summary['test'].get('chrf', 0):.2f}")
+    test = summary.get("test") or {}
+    test_scores = [f"{label}: {test[name]:.2f}" for name, label in LABELS.items() if test.get(name) is not None]
+    if test_scores:
+        lines.append("test " + "   ".join(test_scores))
     lines.append(f"checkpoint: {summary['latest_checkpoint']}")
     if summary.get("best_checkpoint"):
         lines.append(f"best checkpoint: {summary['best_checkpoint']}")

@@ -7,7 +7,8 @@ marker, so a crash mid-write (or a half-copied directory) is never resumed from.
 
 Layout of one checkpoint:
     step-00001000/
-        model/            save_pretrained() weights and config
+        model/            save_pretrained() weights and config (DeepSpeed: the config only)
+        deepspeed/        DeepSpeed backend only: ZeRO shards of weights and optimizer, per rank
         tokenizer/
         trainer_state.pt  optimizer, scheduler, step and data position
         rng/rank-N.pt     each rank's RNG state (dropout differs per rank)
@@ -24,6 +25,7 @@ import random
 import re
 import shutil
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -61,7 +63,8 @@ def complete_checkpoints(root: Path) -> list[Path]:
     found = []
     for child in root.iterdir():
         m = STEP_DIR.match(child.name)
-        if m and child.is_dir() and (child / MARKER).is_file():
+        # meta.json too: a checkpoint half-deleted by an older version kept its marker.
+        if m and child.is_dir() and (child / MARKER).is_file() and (child / "meta.json").is_file():
             found.append((int(m.group(1)), child))
     return [p for _, p in sorted(found)]
 
@@ -107,12 +110,19 @@ def set_rng_state(state: dict) -> None:
 
 
 class CheckpointManager:
-    def __init__(self, root: Path, world: World, keep: int = 3, keep_best: bool = True):
+    def __init__(self, root: Path, world: World, keep: int = 3, keep_best: bool = True,
+                 on_complete: Callable[[Path], None] | None = None):
         self.root, self.world, self.keep, self.keep_best = Path(root), world, keep, keep_best
+        # Rank 0 calls it with each checkpoint once complete on disk (the S3 mirror's hook).
+        self.on_complete = on_complete
 
-    def save(self, *, step: int, model, tokenizer, trainer_state: dict, document_yaml: str,
+    def save(self, *, step: int, backend, tokenizer, trainer_state: dict, document_yaml: str,
              meta: dict) -> Path:
-        """Collective: every rank must call it. Returns the final directory."""
+        """Collective: every rank must call it. Returns the final directory.
+
+        `backend.save_model(tmp)` writes the weights: Hugging Face files from rank 0 (DDP), or
+        DeepSpeed's per-rank shards plus the model config (ZeRO).
+        """
         final = self.root / step_dir_name(step)
         tmp = self.root / f".tmp-{step_dir_name(step)}"
         if self.world.is_main:
@@ -121,10 +131,9 @@ class CheckpointManager:
             (tmp / "rng").mkdir(parents=True)
         barrier(self.world)
         torch.save(rng_state(), tmp / "rng" / f"rank-{self.world.rank}.pt")
+        backend.save_model(tmp)
         barrier(self.world)
         if self.world.is_main:
-            unwrapped = getattr(model, "module", model)
-            unwrapped.save_pretrained(tmp / "model", safe_serialization=True)
             tokenizer.save_pretrained(tmp / "tokenizer")
             torch.save(trainer_state, tmp / "trainer_state.pt")
             (tmp / "training.yaml").write_text(document_yaml)
@@ -137,6 +146,8 @@ class CheckpointManager:
             os.replace(tmp, final)
             _fsync_dir(self.root)
             self._prune()
+            if self.on_complete is not None:
+                self.on_complete(final)
         barrier(self.world)
         return final
 
@@ -160,6 +171,10 @@ class CheckpointManager:
             ))
         for path in found:
             if path not in protected:
+                # Marker first: rmtree's order is the directory's, and a kill mid-delete must not
+                # leave a "complete" checkpoint with files missing.
+                (path / MARKER).unlink(missing_ok=True)
+                _fsync_dir(path)
                 shutil.rmtree(path, ignore_errors=True)
 
 

@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from rosetta_trainer.config import ConfigError
+from rosetta_trainer.data import DataError
 
 
 def add_document_arguments(p: argparse.ArgumentParser, *, required: bool = True,
@@ -41,6 +42,13 @@ def _add_trainer_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--beams", type=int, default=4)
     p.set_defaults(func=_cmd_translate)
 
+    p = sub.add_parser("plan", help="will it fit? GPU and node memory under DDP and each ZeRO stage")
+    add_document_arguments(p)
+    p.add_argument("--gpu-memory", metavar="SIZE",
+                   help="memory of one GPU, e.g. 80GiB (default: from the network profile or node selector)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(func=_cmd_plan)
+
 
 def _cmd_train(args) -> int:
     from rosetta_trainer.__main__ import train_from_file
@@ -63,6 +71,12 @@ def _cmd_translate(args) -> int:
     return translate_command(args)
 
 
+def _cmd_plan(args) -> int:
+    from rosetta_trainer.memory_plan import plan_command
+
+    return plan_command(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rosetta", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -76,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Exit status of a run stopped by spec.training.nanPolicy: stop (2 is a configuration error).
+NON_FINITE_EXIT = 3
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -83,6 +101,20 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except DataError as exc:
+        from rosetta_trainer.data_checks import DATA_INVALID_EXIT, report_data_invalid
+
+        print(f"error: {exc}", file=sys.stderr)
+        report_data_invalid(exc)
+        return DATA_INVALID_EXIT
+    except Exception as exc:
+        # Imported here: the loop imports torch, which `rosetta validate` must not pay for.
+        from rosetta_trainer.loop import NonFiniteError
+
+        if not isinstance(exc, NonFiniteError):
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return NON_FINITE_EXIT
 
 
 if __name__ == "__main__":

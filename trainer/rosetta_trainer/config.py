@@ -11,11 +11,15 @@ silently ignored setting.
 from __future__ import annotations
 
 import copy
+import re
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints, ValidationError, field_validator, model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 API_VERSION = "rosetta.dev/v1alpha1"
@@ -28,6 +32,24 @@ LANGUAGE_NAMES = {
     "ko": "Korean", "nl": "Dutch", "pl": "Polish", "pt": "Portuguese", "ro": "Romanian",
     "ru": "Russian", "sv": "Swedish", "tr": "Turkish", "uk": "Ukrainian", "zh": "Chinese",
 }
+
+
+Task = Literal["translation", "summarization"]
+DEFAULT_METRICS = {"translation": ["bleu", "chrf", "gender"], "summarization": ["rouge1", "rouge2", "rougeL"]}
+
+# spec.task changes what a valid `data` and `evaluation` section is, but pydantic validates
+# nested models before their parent. TrainerSpec hands its task down through this variable
+# while it validates, so those rules can live in DataSpec and EvaluationSpec and their errors
+# keep their field paths (spec.data..., spec.evaluation.metrics). Outside a TrainerSpec the
+# task is translation.
+_TASK: ContextVar[str] = ContextVar("rosetta_task", default="translation")
+
+
+def _current_task() -> str | None:
+    """The task of the spec being validated; None when spec.task itself is invalid (that error
+    is reported on its own, so task-dependent rules stay quiet rather than guess)."""
+    task = _TASK.get()
+    return task if task in DEFAULT_METRICS else None
 
 
 class ConfigError(ValueError):
@@ -159,10 +181,34 @@ class DataSource(Model):
         return self
 
 
+class DataChecks(Model):
+    """Filters on the training pairs before tokenization; each drop is counted in summary.json."""
+
+    max_length_ratio: Optional[float] = Field(
+        9.0, gt=1,
+        description=(
+            "Drop training pairs whose longer side has more than this many times the characters of "
+            "the shorter (translation only); null keeps them."
+        ),
+    )
+    drop_duplicates: bool = Field(
+        True, description="Drop training pairs identical to an earlier one (source, target, language)."
+    )
+    drop_test_overlap: bool = Field(
+        True, description="Drop training pairs whose source is a validation or test source (same target language)."
+    )
+
+
 class DataSpec(Model):
-    source_lang: str = Field(..., min_length=2, description="ISO code of the source language.")
-    target_langs: list[str] = Field(
-        ..., min_length=1, description="One or more targets; several make one multilingual model."
+    # BCP 47 tags fit in 35 characters; the bound keeps a megabyte of text out of every pod's config.
+    source_lang: str = Field(..., min_length=2, max_length=35, description="ISO code of the source language.")
+    target_langs: Optional[list[Annotated[str, StringConstraints(min_length=2, max_length=35)]]] = Field(
+        None,
+        min_length=1,
+        description=(
+            "One or more targets; several make one multilingual model. Required for translation; "
+            "for summarization the default is the source language (same-language summaries)."
+        ),
     )
     train: list[DataSource] = Field(default_factory=list)
     validation: list[DataSource] = Field(default_factory=list)
@@ -170,16 +216,34 @@ class DataSpec(Model):
     task_prefix: Optional[bool] = Field(
         None,
         description=(
-            "Prepend 'translate English to German: ' style prefixes. Default: on for several "
-            "targets or T5 models."
+            "Prepend 'translate English to German: ' style prefixes (summarization: T5's "
+            "'summarize: '). Default: on for several targets or T5 models."
         ),
     )
     max_source_length: int = Field(256, ge=4, description="Longer sources are truncated (tokens).")
     max_target_length: int = Field(256, ge=4, description="Longer targets are truncated (tokens).")
+    checks: DataChecks = Field(
+        default_factory=DataChecks,
+        description="Filters on the training pairs (empty pairs are always dropped); see docs/training.md.",
+    )
+    # spec.task, copied in while the spec validates: readers tag their examples with it.
+    _task: str = PrivateAttr("translation")
+
+    @property
+    def task(self) -> str:
+        return self._task
 
     @model_validator(mode="after")
     def _languages(self):
-        if self.source_lang in self.target_langs:
+        task = _current_task()
+        self._task = task or "translation"
+        if self.target_langs is None:
+            if task == "translation":
+                raise ValueError("targetLangs is required for task: translation (the languages to translate into)")
+            if task is None:
+                return self  # spec.task is invalid and reported on its own
+            self.target_langs = [self.source_lang]
+        if task == "translation" and self.source_lang in self.target_langs:
             raise ValueError(f"targetLangs must not contain the source language '{self.source_lang}'")
         if len(set(self.target_langs)) != len(self.target_langs):
             raise ValueError("targetLangs has duplicates")
@@ -263,12 +327,9 @@ class DistributedSpec(Model):
     backend: Literal["ddp", "deepspeed"] = Field(
         "ddp", description="ddp: torch DistributedDataParallel; deepspeed: a DeepSpeed engine with ZeRO."
     )
-    zero_stage: Optional[Literal[0, 1, 2, 3]] = Field(
+    zero_stage: Optional[Literal[1, 2, 3]] = Field(
         None,
-        description=(
-            "deepspeed: 1 shards optimizer state, 2 also gradients, 3 also parameters "
-            "(default 2; 0 is plain data parallel inside DeepSpeed)."
-        ),
+        description="deepspeed: 1 shards optimizer state, 2 also gradients, 3 also parameters (default 2).",
     )
     offload: OffloadSpec = Field(default_factory=OffloadSpec)
     deepspeed_config: Optional[dict[str, Any]] = Field(
@@ -291,8 +352,6 @@ class DistributedSpec(Model):
                 raise ValueError(f"{', '.join(used)} need backend: deepspeed")
         elif self.offload.parameters == "cpu" and self.stage < 3:
             raise ValueError(f"offload.parameters: cpu needs zeroStage 3 (got {self.stage})")
-        elif self.offload.optimizer == "cpu" and self.stage < 1:
-            raise ValueError("offload.optimizer: cpu needs zeroStage 1, 2 or 3")
         return self
 
     @property
@@ -303,13 +362,80 @@ class DistributedSpec(Model):
         return 2 if self.zero_stage is None else self.zero_stage
 
 
+_S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+class S3MirrorSpec(Model):
+    """Where complete checkpoints are mirrored. Credentials never appear here: the standard AWS
+    chain (IRSA, instance profile, env) or the Secret named by credentialsSecret provides them."""
+
+    uri: str = Field(..., description="s3://bucket/prefix that receives a copy of every complete checkpoint.")
+    endpoint_url: Optional[str] = Field(
+        None, description="S3-compatible endpoint (MinIO, Ceph, GCS interop), e.g. http://minio:9000."
+    )
+    region: Optional[str] = Field(None, description="Bucket region; default from the AWS environment.")
+    keep: Optional[int] = Field(
+        None, ge=1, description="Complete checkpoints kept in S3 (plus the best); default checkpoint.keep."
+    )
+    credentials_secret: Optional[str] = Field(
+        None, max_length=253,
+        description=(
+            "Kubernetes Secret with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and optionally "
+            "AWS_SESSION_TOKEN, passed to the pods as env; without it the standard AWS chain is used."
+        ),
+    )
+
+    @field_validator("uri")
+    @classmethod
+    def _s3_uri(cls, value: str) -> str:
+        if not value.startswith("s3://"):
+            raise ValueError(f"'{value}' must start with s3:// (s3://bucket/prefix)")
+        bucket = value[len("s3://"):].split("/", 1)[0]
+        if not bucket:
+            raise ValueError(f"'{value}' names no bucket (s3://bucket/prefix)")
+        if not _S3_BUCKET.match(bucket) or ".." in bucket:
+            raise ValueError(f"bucket '{bucket}' is not a valid S3 bucket name "
+                             "(3-63 characters: a-z, 0-9, '.', '-', starting and ending with a letter or digit)")
+        return value
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _http_url(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(f"'{value}' must be an http:// or https:// URL")
+        return value
+
+    @field_validator("credentials_secret")
+    @classmethod
+    def _secret_name(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not _SECRET_NAME.match(value):
+            raise ValueError(f"'{value}' is not a valid Secret name (lowercase a-z, 0-9, '-' and '.')")
+        return value
+
+    @property
+    def bucket(self) -> str:
+        return self.uri[len("s3://"):].split("/", 1)[0]
+
+    @property
+    def prefix(self) -> str:
+        """Key prefix without slashes at either end ('' for the bucket's root)."""
+        parts = self.uri[len("s3://"):].split("/", 1)
+        return parts[1].strip("/") if len(parts) > 1 else ""
+
+
 class CheckpointSpec(Model):
     dir: Optional[str] = Field(
         None, description="Checkpoint directory; default <output>/checkpoints. Relative paths are under the output dir."
     )
     interval: int = Field(1000, ge=1, description="Steps between checkpoints.")
     keep: int = Field(3, ge=1, description="How many of the latest checkpoints to keep.")
-    keep_best: bool = Field(True, description="Also keep the best checkpoint by validation BLEU.")
+    keep_best: bool = Field(
+        True, description="Also keep the best checkpoint by validation BLEU (summarization: ROUGE-L)."
+    )
+    s3: Optional[S3MirrorSpec] = Field(
+        None, description="Also mirror every complete checkpoint to S3, and resume from there on an empty node."
+    )
 
 
 class EvaluationSpec(Model):
@@ -320,8 +446,28 @@ class EvaluationSpec(Model):
     max_samples: Optional[int] = Field(500, ge=1, description="Validation pairs per run (all test pairs).")
     batch_sentences: int = Field(64, ge=1)
     max_new_tokens: int = Field(128, ge=1)
-    metrics: list[Literal["bleu", "chrf", "gender"]] = Field(default_factory=lambda: ["bleu", "chrf", "gender"])
+    metrics: Optional[list[Literal["bleu", "chrf", "gender", "rouge1", "rouge2", "rougeL", "rougeLsum"]]] = Field(
+        None,
+        validate_default=True,
+        description=(
+            "Scores to compute. Default: bleu, chrf, gender for translation; rouge1, rouge2, rougeL "
+            "for summarization. gender (MT-GenEval) is for translation only."
+        ),
+    )
     at_end: bool = Field(True, description="Evaluate validation and test sets when training ends.")
+
+    @field_validator("metrics")
+    @classmethod
+    def _metrics_for_task(cls, value):
+        task = _current_task()
+        if value is None:
+            return list(DEFAULT_METRICS[task or "translation"])
+        if task == "summarization" and "gender" in value:
+            raise ValueError(
+                "'gender' scores translations against MT-GenEval's gendered references and needs "
+                "task: translation; for summarization use rouge1, rouge2, rougeL, rougeLsum (or bleu, chrf)"
+            )
+        return value
 
 
 class MetricsSpec(Model):
@@ -332,7 +478,13 @@ class MetricsSpec(Model):
 class TrainerSpec(Model):
     """Everything the trainer reads. The operator's spec extends this with cluster fields."""
 
-    task: Literal["translation"] = "translation"
+    task: Task = Field(
+        "translation",
+        description=(
+            "translation: source to target language, scored with BLEU/chrF; summarization: document "
+            "to summary, scored with ROUGE (the best checkpoint is picked by ROUGE-L)."
+        ),
+    )
     model: ModelSpec
     tokenizer: TokenizerSpec = Field(default_factory=TokenizerSpec)
     data: DataSpec
@@ -341,6 +493,16 @@ class TrainerSpec(Model):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _hand_down_task(cls, data, handler):
+        task = data.get("task") if isinstance(data, dict) else getattr(data, "task", None)
+        token = _TASK.set(task or "translation")
+        try:
+            return handler(data)
+        finally:
+            _TASK.reset(token)
 
     @model_validator(mode="after")
     def _cross_field(self):
@@ -385,9 +547,14 @@ class TrainingDocument(BaseModel):
     spec: TrainerSpec
 
 
-def task_prefix(source_lang: str, target_lang: str) -> str:
+def task_prefix(source_lang: str, target_lang: str, task: str = "translation") -> str:
+    """The T5-style prefix for one example: "translate English to German: ", "summarize: "."""
     src = LANGUAGE_NAMES.get(source_lang, source_lang)
     tgt = LANGUAGE_NAMES.get(target_lang, target_lang)
+    if task == "summarization":
+        # T5's own prefix, so pretrained T5 checkpoints start from what they were trained on;
+        # cross-lingual summaries (no T5 prefix exists) name the summary's language.
+        return "summarize: " if target_lang == source_lang else f"summarize in {tgt}: "
     return f"translate {src} to {tgt}: "
 
 

@@ -80,6 +80,19 @@ def all_reduce_sum(world: World, tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def control_group(world: World):
+    """A gloo group for small CPU-side agreements (stop flags) that must not wait on the GPU;
+    None (the default group) when the world already runs on gloo or alone."""
+    if not world.distributed or dist.get_backend() == "gloo":
+        return None
+    return dist.new_group(backend="gloo")
+
+
+def all_reduce_sum_async(world: World, tensor: torch.Tensor, group=None):
+    """Start a sum-reduce and return its handle (`.wait()` before reading `tensor`)."""
+    return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group, async_op=True)
+
+
 def close(world: World) -> None:
     if world.distributed and dist.is_initialized():
         dist.destroy_process_group()

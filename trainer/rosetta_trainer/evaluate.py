@@ -18,13 +18,19 @@ import torch
 from rosetta_trainer.config import ConfigError, TrainerSpec, parse_document, task_prefix
 from rosetta_trainer.data import Example
 from rosetta_trainer.distributed import World, all_gather_objects
-from rosetta_trainer.scoring import corpus_scores, gender_scores
+from rosetta_trainer.scoring import METRICS, ROUGE_METRICS, corpus_scores, gender_scores, rouge_scores
 
 
 @torch.no_grad()
 def translate(model, tokenizer, sources: list[str], *, beams: int, max_new_tokens: int,
-              batch_sentences: int, device: torch.device, max_source_length: int = 512) -> list[str]:
-    """Translate in length-sorted batches (less padding), returned in input order."""
+              batch_sentences: int, device: torch.device, max_source_length: int = 512,
+              synced: bool = False) -> list[str]:
+    """Translate in length-sorted batches (less padding), returned in input order.
+
+    `synced`: the model's parameters are sharded across ranks (ZeRO-3), so every forward is
+    a collective. Every rank must then call this with the same number of sources, and
+    generation keeps stepping on ranks that have finished until all have (synced_gpus).
+    """
     model = getattr(model, "module", model)
     was_training = model.training
     model.eval()
@@ -40,7 +46,7 @@ def translate(model, tokenizer, sources: list[str], *, beams: int, max_new_token
         budget = min(max_new_tokens, 2 * enc["input_ids"].shape[1] + 10)
         generated = model.generate(
             **enc, num_beams=beams, max_new_tokens=budget, do_sample=False,
-            early_stopping=beams > 1,
+            early_stopping=beams > 1, synced_gpus=synced,
         )
         for i, text in zip(idx, tokenizer.batch_decode(generated, skip_special_tokens=True)):
             out[i] = text.strip()
@@ -51,7 +57,16 @@ def translate(model, tokenizer, sources: list[str], *, beams: int, max_new_token
 def model_inputs(examples: list[Example], source_lang: str, use_prefix: bool) -> list[str]:
     if not use_prefix:
         return [e.source for e in examples]
-    return [task_prefix(source_lang, e.target_lang) + e.source for e in examples]
+    return [task_prefix(source_lang, e.target_lang, e.task) + e.source for e in examples]
+
+
+def primary_metric(spec: TrainerSpec) -> str:
+    """The validation score that picks the best checkpoint: BLEU for translation, ROUGE-L for
+    summarization (or the first metric asked for when rougeL is not among them)."""
+    if spec.task == "translation":
+        return "bleu"
+    metrics = spec.evaluation.metrics or []
+    return "rougeL" if "rougeL" in metrics else next((m for m in metrics if m != "gender"), "rougeL")
 
 
 def score(examples: list[Example], hypotheses: list[str], metrics: list[str]) -> dict:
@@ -63,7 +78,10 @@ def score(examples: list[Example], hypotheses: list[str], metrics: list[str]) ->
     for lang, idx in sorted(by_lang.items()):
         hyps = [hypotheses[i] for i in idx]
         refs = [examples[i].target for i in idx]
-        lang_scores = corpus_scores(hyps, refs, lang, [m for m in metrics if m in ("bleu", "chrf")])
+        lang_scores = corpus_scores(hyps, refs, lang, [m for m in metrics if m in METRICS])
+        rouge = [m for m in metrics if m in ROUGE_METRICS]
+        if rouge:
+            lang_scores.update(rouge_scores(hyps, refs, rouge, lang))
         gendered = [i for i in idx if examples[i].gender is not None]
         if "gender" in metrics and gendered:
             lang_scores["gender"] = gender_scores(
@@ -74,13 +92,13 @@ def score(examples: list[Example], hypotheses: list[str], metrics: list[str]) ->
                 lang,
             )
         result["langs"][lang] = lang_scores
-    for metric in ("bleu", "chrf"):
-        values = [s[metric] for s in result["langs"].values() if metric in s]
+    for metric in (*METRICS, *ROUGE_METRICS):
+        values = [s[metric] for s in result["langs"].values() if s.get(metric) is not None]
         if values:
             result[metric] = sum(values) / len(values)
     if len(result["langs"]) == 1:
         only = next(iter(result["langs"].values()))
-        for key in ("bleu_signature", "chrf_signature"):
+        for key in ("bleu_signature", "chrf_signature", "rouge_signature"):
             if key in only:
                 result[key] = only[key]
     return result
@@ -93,10 +111,18 @@ def evaluate_examples(model, tokenizer, examples: list[Example], spec: TrainerSp
     started = time.perf_counter()
     inputs = model_inputs(examples, spec.data.source_lang, spec.uses_task_prefix())
     mine = list(range(world.rank, len(examples), world.size))
-    hyps_mine = translate(
-        model, tokenizer, [inputs[i] for i in mine], beams=beams or ev.beams, max_new_tokens=ev.max_new_tokens,
+    synced = world.distributed and sharded_parameters(model)
+    padded = list(mine)
+    if synced and examples:
+        # Equal shards, hence the same number of generate() calls on every rank: a rank
+        # that stopped early would leave the others waiting for its parameter shards.
+        padded += [len(examples) - 1] * (-(-len(examples) // world.size) - len(mine))
+    hyps_padded = translate(
+        model, tokenizer, [inputs[i] for i in padded], beams=beams or ev.beams, max_new_tokens=ev.max_new_tokens,
         batch_sentences=ev.batch_sentences, device=world.device, max_source_length=spec.data.max_source_length,
+        synced=synced,
     )
+    hyps_mine = hyps_padded[: len(mine)]
     hypotheses = [""] * len(examples)
     for shard in all_gather_objects(world, list(zip(mine, hyps_mine))):
         for i, h in shard:
@@ -104,6 +130,12 @@ def evaluate_examples(model, tokenizer, examples: list[Example], spec: TrainerSp
     scores = score(examples, hypotheses, ev.metrics)
     scores["seconds"] = round(time.perf_counter() - started, 3)
     return scores, hypotheses
+
+
+def sharded_parameters(model) -> bool:
+    """True for a DeepSpeed engine under ZeRO-3 (each rank holds only a slice of every weight)."""
+    stage = getattr(model, "zero_optimization_stage", None)
+    return callable(stage) and stage() == 3
 
 
 # ------------------------------------------------------------------ command line
@@ -124,7 +156,12 @@ def load_checkpoint_for_inference(path: str | Path, device: torch.device):
         import yaml
 
         spec = parse_document(yaml.safe_load((path / "training.yaml").read_text()), str(path / "training.yaml")).spec
-    model = load_pretrained(str(model_dir)).to(device)
+    from rosetta_trainer.deepspeed_backend import consolidated_model, is_deepspeed_checkpoint
+
+    if is_deepspeed_checkpoint(path):  # ZeRO shards: gather them (an export does this once, ahead)
+        model = consolidated_model(path).to(device)
+    else:
+        model = load_pretrained(str(model_dir)).to(device)
     return model, load_tokenizer(str(tok_dir)), spec
 
 
@@ -167,7 +204,7 @@ def translate_command(args) -> int:
         if target not in spec.data.target_langs:
             raise ConfigError([("--target-lang", f"'{target}' is not one of {spec.data.target_langs}")])
         if spec.uses_task_prefix():
-            lines = [task_prefix(spec.data.source_lang, target) + line for line in lines]
+            lines = [task_prefix(spec.data.source_lang, target, spec.task) + line for line in lines]
     for text in translate(model, tokenizer, lines, beams=args.beams, max_new_tokens=256,
                           batch_sentences=32, device=device):
         print(text)

@@ -6,7 +6,6 @@ norms stay on the device and are read (and all-reduced) once per log interval.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
@@ -17,15 +16,18 @@ import torch
 import torch.nn.functional as F
 
 from rosetta_trainer import batching
+from rosetta_trainer.backends import build_backend
 from rosetta_trainer.batching import IGNORE_INDEX, EncodedCorpus
 from rosetta_trainer.checkpoint import CheckpointManager, directory_bytes
 from rosetta_trainer.config import TrainerSpec
 from rosetta_trainer.data import Example
-from rosetta_trainer.distributed import World, all_reduce_sum
-from rosetta_trainer.evaluate import evaluate_examples
+from rosetta_trainer.distributed import (
+    World, all_gather_objects, all_reduce_sum, all_reduce_sum_async, control_group,
+)
+from rosetta_trainer.evaluate import evaluate_examples, primary_metric
 from rosetta_trainer.preemption import StopRequested
 from rosetta_trainer.flops import Seq2SeqDims, peak_flops, training_flops
-from rosetta_trainer.schedules import lr_multiplier
+from rosetta_trainer.scoring import LABELS
 from rosetta_trainer.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -43,11 +45,8 @@ class Position:
     last_bleu: float | None = None
 
 
-def autocast(precision: str, device: torch.device):
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype)
+class NonFiniteError(RuntimeError):
+    """The loss or gradients stopped being finite and spec.training.nanPolicy is 'stop'."""
 
 
 class Trainer:
@@ -59,11 +58,7 @@ class Trainer:
         self.checkpoints, self.telemetry, self.document_yaml = checkpoints, telemetry, document_yaml
         self.pos, self.progress = position, progress
         t = spec.training
-        if t.precision == "fp16" and world.device.type != "cuda":
-            raise ValueError("spec.training.precision: fp16 needs a CUDA device; use bf16 or fp32 on CPU")
-        self.raw_model = model.to(world.device)
-        self.dims = Seq2SeqDims.from_hf_config(self.raw_model.config)
-        self.model = self._wrap(self.raw_model)
+        self.dims = Seq2SeqDims.from_hf_config(model.config)
         self.pad_id = tokenizer.pad_token_id
         self.src_len, self.tgt_len = train_corpus.lengths()
         self.batches_per_epoch = len(self._plan(0))
@@ -71,42 +66,20 @@ class Trainer:
             raise ValueError("spec.training.batch: the training data gives no batch for every rank "
                              f"(world size {world.size}); add data or lower the world size")
         self.total_steps = t.max_steps or max(1, math.ceil(t.epochs * self.batches_per_epoch / t.gradient_accumulation))
-        self.optimizer = self._optimizer()
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_multiplier(t.schedule, t.warmup_steps, self.total_steps))
-        self.scaler = torch.amp.GradScaler("cuda") if t.precision == "fp16" else None
+        self.backend = build_backend(spec, world, model, self.total_steps)
+        self.raw_model, self.model = self.backend.module, self.backend.model
+        self.skipped_steps: list[int] = []
         self.peak = peak_flops(torch.cuda.get_device_name(world.device), t.precision) \
             if world.device.type == "cuda" else None
         self.stop = StopRequested()
+        self._control_group = control_group(world)
+        self._stop_vote = None
+        self.stop_checkpoint_seconds: float | None = None
         ev = spec.evaluation
         self.eval_interval = ev.interval or spec.checkpoint.interval
         self.eval_set = validation[: ev.max_samples] if ev.max_samples else validation
 
     # ---------------------------------------------------------------- set-up
-    def _wrap(self, model):
-        if self.spec.training.compile:
-            model = torch.compile(model)
-        if self.world.distributed:
-            from torch.nn.parallel import DistributedDataParallel as DDP
-
-            ids = [self.world.device.index] if self.world.device.type == "cuda" else None
-            model = DDP(model, device_ids=ids)
-        return model
-
-    def _optimizer(self):
-        t = self.spec.training
-        decay, no_decay = [], []
-        for name, p in self.raw_model.named_parameters():
-            if p.requires_grad:
-                (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
-        groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        kwargs = dict(lr=t.learning_rate, betas=tuple(t.adam_betas), eps=t.adam_eps)
-        if self.world.device.type == "cuda":
-            kwargs["fused"] = True
-        else:
-            kwargs["foreach"] = True
-        return torch.optim.AdamW(groups, **kwargs)
-
     def _plan(self, epoch: int) -> list[list[int]]:
         b = self.spec.training.batch
         plan = batching.plan_epoch(self.src_len, self.tgt_len, seed=self.spec.training.seed, epoch=epoch,
@@ -116,17 +89,15 @@ class Trainer:
     def state_dict(self) -> dict:
         p = self.pos
         return {
-            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict() if self.scaler else None,
+            **self.backend.state_dict(),
             "step": p.step, "epoch": p.epoch, "batch": p.batch, "best_bleu": p.best_bleu,
             "best_step": p.best_step, "last_bleu": p.last_bleu, "total_steps": self.total_steps,
+            "skipped_steps": self.skipped_steps,
         }
 
-    def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        if self.scaler and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
+    def load_state_dict(self, state: dict, checkpoint: Path) -> None:
+        self.backend.load_state_dict(state, checkpoint)
+        self.skipped_steps = list(state.get("skipped_steps", []))
 
     # ------------------------------------------------------------------ loop
     def _batches(self):
@@ -139,26 +110,20 @@ class Trainer:
                 yield epoch, i, batch
             epoch, start = epoch + 1, 0
 
-    def _micro_step(self, batch: dict, accumulate: bool, divisor: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _micro_step(self, batch: dict, boundary: bool, accumulation: int) -> tuple[torch.Tensor, torch.Tensor]:
         dev = self.world.device
         input_ids = batch["input_ids"].to(dev, non_blocking=True)
         attention = batch["attention_mask"].to(dev, non_blocking=True)
         labels = batch["labels"].to(dev, non_blocking=True)
         decoder_inputs = self.raw_model.prepare_decoder_input_ids_from_labels(labels=labels)
-        sync = self.model.no_sync() if accumulate and self.world.distributed else contextlib.nullcontext()
-        with sync:
-            with autocast(self.spec.training.precision, dev):
-                logits = self.model(input_ids=input_ids, attention_mask=attention,
-                                    decoder_input_ids=decoder_inputs).logits
-            n_tokens = (labels != IGNORE_INDEX).sum()
-            loss_sum = F.cross_entropy(
-                logits.float().view(-1, logits.size(-1)), labels.view(-1), ignore_index=IGNORE_INDEX,
-                label_smoothing=self.spec.training.label_smoothing, reduction="sum")
-            loss = loss_sum / n_tokens.clamp(min=1)
-            scaled = loss / divisor
-            if self.scaler:
-                scaled = self.scaler.scale(scaled)
-            scaled.backward()
+        logits = self.backend.forward(input_ids=input_ids, attention_mask=attention,
+                                      decoder_input_ids=decoder_inputs).logits
+        n_tokens = (labels != IGNORE_INDEX).sum()
+        loss_sum = F.cross_entropy(
+            logits.float().view(-1, logits.size(-1)), labels.view(-1), ignore_index=IGNORE_INDEX,
+            label_smoothing=self.spec.training.label_smoothing, reduction="sum")
+        loss = loss_sum / n_tokens.clamp(min=1)
+        self.backend.backward(loss, accumulation, boundary)
         return loss.detach(), n_tokens
 
     def run(self) -> dict:
@@ -178,73 +143,93 @@ class Trainer:
         bar = self._progress_bar()
         self.model.train()
         stopped_early = False
-        while pos.step < self.total_steps:
-            for micro in range(accum):
-                waited = time.perf_counter()
-                epoch, index, batch = next(stream)
-                window[6] += time.perf_counter() - waited
-                loss, _ = self._micro_step(batch, accumulate=micro < accum - 1, divisor=accum)
-                loss_window += loss / accum
-                src, tgt = batch["source_lengths"], batch["target_lengths"]
-                window[2:6] += torch.tensor([float(src.sum() + tgt.sum()), float(tgt.sum()), float(len(src)),
-                                            training_flops(self.dims, src.tolist(), tgt.tolist())], dtype=torch.float64)
-                pos.epoch, pos.batch = epoch, index + 1
-            grad_norm = self._optimizer_step()
-            pos.step += 1
-            window[1] += 1
-            if bar is not None:
-                bar.update(1)
-
-            if pos.step % t.log_interval == 0 or pos.step == self.total_steps:
-                last_record = self._log(window, loss_window, grad_norm, time.perf_counter() - window_start, totals)
+        # Closing the stream shuts its loader worker down through the loader's queue; on an error
+        # the worker (which ignores SIGTERM, see batching.py) would otherwise hold up the exit.
+        try:
+            while pos.step < self.total_steps:
+                for micro in range(accum):
+                    waited = time.perf_counter()
+                    epoch, index, batch = next(stream)
+                    window[6] += time.perf_counter() - waited
+                    loss, _ = self._micro_step(batch, boundary=micro == accum - 1, accumulation=accum)
+                    loss_window += loss / accum
+                    src, tgt = batch["source_lengths"], batch["target_lengths"]
+                    window[2:6] += torch.tensor([float(src.sum() + tgt.sum()), float(tgt.sum()), float(len(src)),
+                                                training_flops(self.dims, src.tolist(), tgt.tolist())], dtype=torch.float64)
+                    pos.epoch, pos.batch = epoch, index + 1
+                grad_norm = self._optimizer_step()
+                pos.step += 1
+                window[1] += 1
                 if bar is not None:
-                    bar.set_postfix(loss=f"{last_record['loss']:.3f}", tok_s=f"{last_record['tokens_per_s']:.0f}",
-                                    bleu="-" if pos.last_bleu is None else f"{pos.last_bleu:.1f}")
-                window.zero_()
-                loss_window.zero_()
-                window_start = time.perf_counter()
+                    bar.update(1)
 
-            if pos.step % self.eval_interval == 0 and self.eval_set:
-                self._evaluate("validation", self.eval_set)
-            stop_now = self._stop_agreed()
-            if pos.step % self.spec.checkpoint.interval == 0 or pos.step == self.total_steps or stop_now:
-                self._save()
-            if stop_now:
-                stopped_early = True
-                break
+                if pos.step % t.log_interval == 0 or pos.step == self.total_steps:
+                    last_record = self._log(window, loss_window, grad_norm, time.perf_counter() - window_start, totals)
+                    if bar is not None:
+                        bar.set_postfix(loss=f"{last_record['loss']:.3f}", tok_s=f"{last_record['tokens_per_s']:.0f}",
+                                        bleu="-" if pos.last_bleu is None else f"{pos.last_bleu:.1f}")
+                    window.zero_()
+                    loss_window.zero_()
+                    window_start = time.perf_counter()
+
+                if pos.step % self.eval_interval == 0 and self.eval_set:
+                    self._evaluate("validation", self.eval_set)
+                stop_now = self._stop_agreed()
+                if pos.step % self.spec.checkpoint.interval == 0 or pos.step == self.total_steps or stop_now:
+                    self._save()
+                if stop_now:
+                    stopped_early = True
+                    # Every rank reports its own signal (maybe only one got it); the summary the slowest.
+                    waited = all_gather_objects(world, self.stop.checkpoint_written(pos.step))
+                    self.stop_checkpoint_seconds = max((w for w in waited if w is not None), default=None)
+                    break
+        finally:
+            stream.close()
         if bar is not None:
             bar.close()
         self.stop.restore()
         return self._finish(last_record, totals, time.perf_counter() - run_start, stopped_early)
 
     def _optimizer_step(self) -> torch.Tensor:
-        t = self.spec.training
-        if self.scaler:
-            self.scaler.unscale_(self.optimizer)
-        max_norm = t.clip_grad_norm if t.clip_grad_norm is not None else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), max_norm)
-        if self.scaler:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return grad_norm.detach()
+        grad_norm, applied = self.backend.step(check_finite=True)
+        if not applied:
+            self._non_finite(grad_norm)
+        return grad_norm
+
+    def _non_finite(self, grad_norm: torch.Tensor) -> None:
+        """A step whose loss or gradients were not finite was not applied: record it, then
+        go on (nanPolicy: skip) or stop with the weights of the previous step (stop)."""
+        step = self.pos.step + 1
+        self.skipped_steps.append(step)
+        message = (f"step {step}: non-finite gradient norm ({float(grad_norm):g}); the update was "
+                   f"not applied ({len(self.skipped_steps)} skipped so far)")
+        if self.world.is_main:
+            self.telemetry.log_event({"event": "non_finite", "step": step, "grad_norm": float(grad_norm),
+                                      "policy": self.spec.training.nan_policy})
+        if self.spec.training.nan_policy == "stop":
+            raise NonFiniteError(message + "; spec.training.nanPolicy is 'stop'. The newest checkpoint "
+                                 "is unaffected; lower the learning rate or set nanPolicy: skip")
+        log.warning("%s; nanPolicy is 'skip'", message)
 
     def _stop_agreed(self) -> bool:
-        """All ranks must stop at the same step; agree by a sum-reduce of the local flags.
+        """All ranks must stop at the same step, even when only some received the signal.
 
-        Distributed runs agree only at log intervals: a collective every step
-        would cost a host sync per step.
+        Each step starts a sum-reduce of the local flags on a CPU (gloo) group without waiting
+        for it, and the next step reads the result: no host sync on the GPU stream, and every
+        rank stops on the step after the one where any rank saw the signal.
         """
         if not self.world.distributed:
             return self.stop.flag
-        if self.pos.step % self.spec.training.log_interval:
-            return False
-        flag = torch.tensor([1.0 if self.stop.flag else 0.0], device=self.world.device)
-        all_reduce_sum(self.world, flag)
-        return bool(flag.item() > 0)
+        agreed = False
+        if self._stop_vote is not None:
+            work, flag = self._stop_vote
+            work.wait()
+            agreed = bool(flag.item() > 0)
+            self._stop_vote = None
+        if not agreed and self.pos.step < self.total_steps:
+            flag = torch.tensor([1.0 if self.stop.flag else 0.0])
+            self._stop_vote = (all_reduce_sum_async(self.world, flag, self._control_group), flag)
+        return agreed
 
     def _log(self, window, loss_window, grad_norm, seconds, totals) -> dict:
         world, pos = self.world, self.pos
@@ -263,7 +248,7 @@ class Trainer:
             "total_steps": self.total_steps,
             "epoch": round(pos.epoch + pos.batch / max(1, self.batches_per_epoch), 4),
             "loss": loss,
-            "lr": self.scheduler.get_last_lr()[0],
+            "lr": self.backend.last_lr(),
             "tokens_per_s": tokens / seconds if seconds > 0 else None,
             "target_tokens_per_s": tgt_tokens / seconds if seconds > 0 else None,
             "samples_per_s": samples / seconds if seconds > 0 else None,
@@ -272,6 +257,7 @@ class Trainer:
             "mfu": (flops_per_s / (self.peak * world.size)) if (self.peak and flops_per_s) else None,
             "step_time_s": seconds / steps,
             "data_wait_s": data_wait,
+            "skipped_steps": len(self.skipped_steps),
         }
         gpu_memory = self._gpu_memory_by_rank()
         if gpu_memory is not None:
@@ -295,23 +281,31 @@ class Trainer:
     def _evaluate(self, split: str, examples: list[Example]) -> dict:
         scores, _ = evaluate_examples(self.model, self.tokenizer, examples, self.spec, self.world)
         record = {"step": self.pos.step, "split": split, **scores}
-        if split == "validation" and scores.get("bleu") is not None:
-            self.pos.last_bleu = scores["bleu"]
-            if self.pos.best_bleu is None or scores["bleu"] > self.pos.best_bleu:
-                self.pos.best_bleu, self.pos.best_step = scores["bleu"], self.pos.step
+        # The *_bleu fields (Position, trainer state, checkpoint meta "bleu", telemetry best_bleu) keep
+        # their names for compatibility but hold the primary metric: ROUGE-L for summarization.
+        metric = primary_metric(self.spec)
+        if split == "validation" and scores.get(metric) is not None:
+            self.pos.last_bleu = scores[metric]
+            if self.pos.best_bleu is None or scores[metric] > self.pos.best_bleu:
+                self.pos.best_bleu, self.pos.best_step = scores[metric], self.pos.step
         if self.world.is_main:
             self.telemetry.log_eval(record)
             self.telemetry.set_static(best_bleu=self.pos.best_bleu)
-            bleu = scores.get("bleu")
-            log.info("step %d %s BLEU %s", self.pos.step, split, "-" if bleu is None else f"{bleu:.2f}")
+            value = scores.get(metric)
+            log.info("step %d %s %s %s", self.pos.step, split, LABELS[metric], "-" if value is None else f"{value:.2f}")
         self.model.train()
         return record
 
     def _save(self) -> Path:
         evaluated_now = self.pos.step % self.eval_interval == 0 and bool(self.eval_set)
-        meta = {"epoch": self.pos.epoch, "bleu": self.pos.last_bleu if evaluated_now else None}
+        # "bleu" is the primary metric's value (what best() ranks by); "metric" says which one it is.
+        meta = {"epoch": self.pos.epoch, "bleu": self.pos.last_bleu if evaluated_now else None,
+                "metric": primary_metric(self.spec)}
         started = time.perf_counter()
-        path = self.checkpoints.save(step=self.pos.step, model=self.raw_model, tokenizer=self.tokenizer,
+        if not self.backend.weights_finite():
+            raise NonFiniteError(f"step {self.pos.step}: the model has non-finite weights; no checkpoint "
+                                 "was written (the newest one on disk is unaffected)")
+        path = self.checkpoints.save(step=self.pos.step, backend=self.backend, tokenizer=self.tokenizer,
                                      trainer_state=self.state_dict(), document_yaml=self.document_yaml, meta=meta)
         if self.world.is_main:
             self.telemetry.log_checkpoint(step=self.pos.step, path=path, seconds=time.perf_counter() - started,
@@ -320,11 +314,12 @@ class Trainer:
 
     def _finish(self, last: dict, totals: dict, wall: float, stopped_early: bool) -> dict:
         pos = self.pos
+        metric = primary_metric(self.spec)  # final_bleu and best_bleu hold it
         final_val = test = None
         if not stopped_early and self.spec.evaluation.at_end:
             if self.eval_set:
                 already = pos.step % self.eval_interval == 0
-                final_val = {"bleu": pos.last_bleu} if already else self._evaluate("validation", self.eval_set)
+                final_val = {metric: pos.last_bleu} if already else self._evaluate("validation", self.eval_set)
             if self.test:
                 test = self._evaluate("test", self.test)
         best = self.checkpoints.best()
@@ -333,9 +328,14 @@ class Trainer:
             "total_steps": self.total_steps,
             "completed": pos.step >= self.total_steps,
             "stopped_early": stopped_early,
+            "stop_checkpoint_seconds": self.stop_checkpoint_seconds,
+            "skipped_steps": self.skipped_steps,
+            "backend": self.backend.name,
+            "zero_stage": self.backend.zero_stage,
             "epochs": round(pos.epoch + pos.batch / max(1, self.batches_per_epoch), 4),
             "final_loss": last.get("loss"),
-            "final_bleu": (final_val or {}).get("bleu", pos.last_bleu),
+            "primary_metric": metric,
+            "final_bleu": (final_val or {}).get(metric, pos.last_bleu),
             "best_bleu": pos.best_bleu,
             "best_step": pos.best_step,
             "test": test,

@@ -92,6 +92,15 @@ def load_pretrained(name_or_path: str, attention: str = "sdpa") -> PreTrainedMod
     return model
 
 
+def model_from_config(path: str, attention: str = "sdpa") -> PreTrainedModel:
+    """A model with the architecture saved in `path` and fresh weights (to be overwritten)."""
+    from transformers import AutoConfig
+
+    model = AutoModelForSeq2SeqLM.from_config(AutoConfig.from_pretrained(path), attn_implementation=attention)
+    freeze_fixed_positions(model)
+    return model
+
+
 def freeze_fixed_positions(model: PreTrainedModel) -> None:
     # Sinusoidal position tables are constants that from_config creates frozen, but loading
     # them back makes them trainable again: AdamW would then update them after a resume (and
@@ -103,4 +112,5 @@ def freeze_fixed_positions(model: PreTrainedModel) -> None:
 
 
 def count_parameters(model) -> int:
-    return sum(p.numel() for p in model.parameters())
+    # Under ZeRO-3 a parameter is an empty placeholder; DeepSpeed keeps its real size in ds_numel.
+    return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())

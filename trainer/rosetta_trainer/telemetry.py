@@ -139,6 +139,13 @@ class Telemetry:
                            ("step_seconds", "step_time_s"), ("dataloader_wait_seconds", "data_wait_s")):
             self._set(key, record.get(field))
 
+    def log_event(self, record: dict) -> None:
+        """Something a person must be able to find later (a skipped non-finite step): events.jsonl."""
+        if not self.enabled:
+            return
+        with (self.output / "events.jsonl").open("a") as fh:
+            fh.write(json.dumps(_clean(record)) + "\n")
+
     def log_eval(self, record: dict) -> None:
         if not self.enabled:
             return

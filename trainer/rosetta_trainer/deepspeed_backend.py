@@ -1,0 +1,239 @@
+"""The DeepSpeed backend: a ZeRO engine configured from the same spec as DDP.
+
+The DeepSpeed config is generated from spec.training and spec.distributed
+(precision, accumulation, clipping, ZeRO stage, offload), then the user's raw
+`deepspeedConfig` is merged over it; the result is saved with the run and with
+every checkpoint. Checkpoints are DeepSpeed's own sharded format inside our
+atomic step directories; `export_hf` gathers them into a Hugging Face model
+with DeepSpeed's zero_to_fp32 utilities.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from rosetta_trainer.backends import make_scheduler, param_groups
+from rosetta_trainer.config import TrainerSpec
+from rosetta_trainer.distributed import World
+
+log = logging.getLogger(__name__)
+
+# DeepSpeed's sub-directory inside a step-NNNNNNNN checkpoint, and its config file.
+TAG = "deepspeed"
+CONFIG_FILE = "deepspeed_config.json"
+
+
+def merge(base: dict, overrides: dict) -> dict:
+    """`overrides` merged into a copy of `base`, mappings recursively."""
+    out = copy.deepcopy(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def deepspeed_config(spec: TrainerSpec, cuda: bool) -> dict:
+    t, d = spec.training, spec.distributed
+    zero: dict = {"stage": d.stage, "contiguous_gradients": True,
+                  # Overlapping reduction with backward needs CUDA streams; on CPU it only adds copies.
+                  "overlap_comm": cuda}
+    if d.offload.optimizer == "cpu":
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": cuda}
+    if d.offload.parameters == "cpu":
+        zero["offload_param"] = {"device": "cpu", "pin_memory": cuda}
+    config: dict = {
+        # Our batches are token budgets, not a fixed number of sentences: DeepSpeed only uses
+        # this figure for its own data loader and throughput timers, neither of which runs here.
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": t.gradient_accumulation,
+        "gradient_clipping": t.clip_grad_norm or 0.0,
+        "zero_optimization": zero,
+        "bf16": {"enabled": t.precision == "bf16"},
+        "fp16": {"enabled": t.precision == "fp16", "loss_scale": 0, "initial_scale_power": 16},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 2**31 - 1,  # our own metrics report progress
+        "wall_clock_breakdown": False,
+    }
+    if d.offload.optimizer == "cpu":
+        # The optimizer step runs on the CPU: DeepSpeed's vectorised CPU Adam (decoupled
+        # weight decay, i.e. AdamW) instead of torch's.
+        config["optimizer"] = {"type": "AdamW", "params": {
+            "lr": t.learning_rate, "betas": list(t.adam_betas), "eps": t.adam_eps,
+            "weight_decay": t.weight_decay}}
+    return merge(config, d.deepspeed_config or {})
+
+
+@contextlib.contextmanager
+def partitioned_loading(spec: TrainerSpec, cuda: bool):
+    """Under ZeRO-3, make transformers' from_pretrained partition weights as it loads them
+    (deepspeed.zero.Init), so no rank ever holds the whole pretrained model.
+
+    From-scratch models are built whole on every rank, as under DDP: they are small enough
+    (the largest preset has ~400M parameters), and zero.Init would initialise them from a
+    different random stream than a DDP run with the same seed.
+    """
+    if spec.distributed.backend != "deepspeed" or spec.distributed.stage != 3 or spec.model.name is None:
+        yield
+        return
+    from transformers.integrations.deepspeed import HfDeepSpeedConfig, unset_hf_deepspeed_config
+
+    keep = HfDeepSpeedConfig(deepspeed_config(spec, cuda))  # transformers holds only a weak reference
+    try:
+        yield
+    finally:
+        # Later from_config calls (export, evaluation) must build whole models again.
+        del keep
+        unset_hf_deepspeed_config()
+
+
+class DeepSpeedBackend:
+    name = "deepspeed"
+
+    def __init__(self, spec: TrainerSpec, world: World, model, total_steps: int):
+        import deepspeed
+
+        self.spec, self.world = spec, world
+        t = spec.training
+        cuda = world.device.type == "cuda"
+        if t.precision == "fp16" and not cuda:
+            raise ValueError("spec.training.precision: fp16 needs a CUDA device; use bf16 or fp32 on CPU")
+        self.config = deepspeed_config(spec, cuda)
+        if t.compile and world.is_main:
+            log.warning("spec.training.compile is not applied under the DeepSpeed backend (its engine "
+                        "wraps the module's hooks); the model runs eagerly")
+        groups = param_groups(model, t.weight_decay)
+        client_optimizer = None
+        if "optimizer" not in self.config:
+            kwargs = dict(lr=t.learning_rate, betas=tuple(t.adam_betas), eps=t.adam_eps)
+            kwargs["fused" if cuda else "foreach"] = True
+            client_optimizer = torch.optim.AdamW(groups, **kwargs)
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model, model_parameters=groups, optimizer=client_optimizer,
+            lr_scheduler=make_scheduler(spec, total_steps), config=self.config)
+        self.module = self.engine.module
+        self.model = self.engine
+        self.zero_stage = self.engine.zero_optimization_stage()  # the overrides may have changed it
+        self._skipped = self.engine.skipped_steps
+        if world.is_main:
+            log.info("DeepSpeed ZeRO stage %d, offload optimizer=%s parameters=%s, precision %s",
+                     self.zero_stage, spec.distributed.offload.optimizer, spec.distributed.offload.parameters,
+                     t.precision)
+
+    def forward(self, **inputs):
+        # DeepSpeed casts the model to bf16/fp16 itself; no autocast around it.
+        return self.engine(**inputs)
+
+    def backward(self, loss: torch.Tensor, accumulation: int, boundary: bool) -> None:
+        # The engine divides by gradient_accumulation_steps and reduces only at the boundary;
+        # step() is called for every micro-batch because the engine counts them.
+        self.engine.backward(loss)
+        self.engine.step()
+
+    def step(self, check_finite: bool) -> tuple[torch.Tensor, bool]:
+        """The engine already stepped at the last micro-batch; report what it did.
+
+        ZeRO's optimizers skip a step whose gradient norm is not finite (and then do
+        not advance the learning-rate schedule), so non-finite weights never arise here.
+        """
+        applied = self.engine.skipped_steps == self._skipped
+        self._skipped = self.engine.skipped_steps
+        norm = self.engine.get_global_grad_norm()
+        if norm is None:
+            norm = float("nan") if not applied else 0.0
+        norm = float(norm.item() if isinstance(norm, torch.Tensor) else norm)
+        return torch.tensor(norm, device=self.world.device), applied
+
+    def last_lr(self) -> float:
+        return self.scheduler.get_last_lr()[0]
+
+    def weights_finite(self) -> bool:
+        # Skipped steps keep the weights finite; gathering ZeRO-3 shards to check would cost a
+        # full parameter all-gather per checkpoint.
+        return True
+
+    # ------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        # Optimizer, scheduler and loss-scaler states are in DeepSpeed's own files.
+        return {"optimizer": None, "scheduler": None, "scaler": None, "backend": self.name}
+
+    def load_state_dict(self, state: dict, checkpoint: Path) -> None:
+        if not (checkpoint / TAG).is_dir():
+            raise ValueError(f"{checkpoint} was written by the DDP backend (no {TAG}/ directory); resume it "
+                             "with spec.distributed.backend: ddp, or start a new output directory")
+        loaded, _ = self.engine.load_checkpoint(str(checkpoint), tag=TAG, load_module_strict=True,
+                                                load_optimizer_states=True, load_lr_scheduler_states=True)
+        if loaded is None:
+            raise RuntimeError(f"DeepSpeed could not load the checkpoint in {checkpoint / TAG}")
+        self._skipped = self.engine.skipped_steps
+
+    def save_model(self, directory: Path) -> None:
+        """Collective: every rank writes its shards; rank 0 the config that rebuilds the model."""
+        self.engine.save_checkpoint(str(directory), tag=TAG, save_latest=False)
+        if self.world.is_main:
+            self.module.config.save_pretrained(directory / "model")
+            generation = getattr(self.module, "generation_config", None)
+            if generation is not None:
+                generation.save_pretrained(directory / "model")
+            (directory / CONFIG_FILE).write_text(json.dumps(self.config, indent=2))
+
+
+def is_deepspeed_checkpoint(path: Path) -> bool:
+    return (Path(path) / TAG).is_dir()
+
+
+def consolidated_model(checkpoint: Path):
+    """The whole model of a DeepSpeed checkpoint, gathered from its ZeRO shards with
+    DeepSpeed's zero_to_fp32 (fp32 master weights; no process group needed)."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM, GenerationConfig
+
+    from rosetta_trainer.models import freeze_fixed_positions
+
+    checkpoint = Path(checkpoint)
+    state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint), tag=TAG)
+    config = AutoConfig.from_pretrained(checkpoint / "model")
+    model = AutoModelForSeq2SeqLM.from_config(config)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    model.tie_weights()
+    if unexpected:
+        raise ValueError(f"{checkpoint}: the DeepSpeed checkpoint has weights the model lacks: {unexpected[:5]}")
+    # Tied parameters (shared embeddings, the output projection) are stored once.
+    shared = {p.data_ptr() for name, p in model.named_parameters() if name in state}
+    untied = [n for n in missing if n not in dict(model.named_buffers())
+              and model.get_parameter(n).data_ptr() not in shared]
+    if untied:
+        raise ValueError(f"{checkpoint}: the DeepSpeed checkpoint lacks weights: {untied[:5]}")
+    if (checkpoint / "model" / "generation_config.json").is_file():
+        model.generation_config = GenerationConfig.from_pretrained(checkpoint / "model")
+    freeze_fixed_positions(model)
+    return model
+
+
+def export_hf(checkpoint: Path, out: Path) -> Path:
+    """Write a DeepSpeed checkpoint as a Hugging Face model directory (model + tokenizer + YAML),
+    atomically: `rosetta evaluate`/`translate` and from_pretrained load it."""
+    import os
+    import shutil
+
+    checkpoint, out = Path(checkpoint), Path(out)
+    tmp = out.parent / f".tmp-{out.name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    consolidated_model(checkpoint).save_pretrained(tmp, safe_serialization=True)
+    if (checkpoint / "tokenizer").is_dir():
+        shutil.copytree(checkpoint / "tokenizer", tmp, dirs_exist_ok=True)
+    for name in ("training.yaml", "meta.json", CONFIG_FILE):
+        if (checkpoint / name).is_file():
+            shutil.copy2(checkpoint / name, tmp / name)
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out
