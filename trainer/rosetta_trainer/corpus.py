@@ -1,5 +1,6 @@
-"""The built-in demo corpus: English sentences about quantities, prices, ages, dates and years,
-with faithful translations into German, Spanish and French.
+"""The built-in demo corpora: English sentences about quantities, prices, ages, dates and years,
+with faithful translations into German, Spanish and French; and short English news items with
+their summaries (generate_articles, for `task: summarization`).
 
 It exists so that a training run works with no downloads: the vocabulary is small (a few
 hundred words), yet the number words alone (0-9999, German compounds such as
@@ -514,6 +515,70 @@ def generate_pairs(target_lang: str, size: int, seed: int) -> list[tuple[str, st
         if _partition(choice) == bucket:
             pairs.append((_render(choice, "en"), _render(choice, target_lang)))
     return pairs
+
+
+# ----------------------------------------------------------------- summarization
+
+# The summarization demo: short English news items whose reference summary is a deterministic
+# condensation. One lead sentence holds the story ("On Monday, the farmers of Lyon sold three
+# hundred and twelve red apples."), an optional next one compares it with last year, and the rest
+# is noise: weather, a quote, and sentences of the translation corpus above, which carry
+# quantities too, so copying the first number in sight is wrong. The summary keeps the story and
+# drops the noise: "Lyon farmers sold three hundred and twelve red apples on Monday, more than
+# last year." A tiny T5 learns it on a CPU in minutes. Splits are disjoint in the story (the
+# summary), not just in the noise, by the same partitioning as the translation corpus.
+
+_TOWNS = ["Lyon", "Porto", "Bergen", "Graz", "Turin", "Leeds", "Bruges", "Ghent", "Basel", "Cork",
+          "Split", "Krakow"]
+_GROUPS = ["farmers", "bakers", "students", "fishermen", "volunteers", "shopkeepers", "gardeners",
+           "children"]
+_VERBS = ["sold", "counted", "collected", "bought", "found", "painted"]
+_COMPARISONS = [None, "more", "fewer"]
+_WEATHER = ["It was a sunny morning.", "It rained all day.", "The wind was cold.",
+            "It was a warm evening.", "Snow fell in the night."]
+_QUOTES = ["\"It was a good day,\" said the mayor.", "\"We are very happy,\" said one of them.",
+           "\"Come back next week,\" said a neighbour.", "\"Nobody expected it,\" said the teacher."]
+
+
+def _draw_story(rng: random.Random) -> tuple[int, ...]:
+    noun = rng.randrange(len(_NOUNS))
+    allowed = _NOUN_ADJECTIVES.get(_NOUNS[noun][0], range(len(_ADJECTIVES)))
+    adjective = rng.choice([*allowed, len(_ADJECTIVES)])
+    return (rng.randrange(len(_TOWNS)), rng.randrange(len(_GROUPS)), rng.randrange(len(_VERBS)),
+            _countable(rng), adjective, noun, rng.randrange(len(_WEEKDAYS)), rng.randrange(len(_COMPARISONS)))
+
+
+def _article(story: tuple[int, ...], rng: random.Random) -> tuple[str, str]:
+    town, group, verb, n, adjective, noun, weekday, comparison = story
+    what = f"{_VERBS[verb]} {_quantity('en', n, adjective, noun)}"
+    day, more = _WEEKDAYS[weekday][0], _COMPARISONS[comparison]
+    lead = [f"On {day}, the {_GROUPS[group]} of {_TOWNS[town]} {what}."]
+    if more:
+        lead.append(f"That is {more} than last year.")
+    noise = [rng.choice(_WEATHER), rng.choice(_QUOTES)] + [_render(_draw(rng), "en") for _ in range(rng.randint(1, 2))]
+    rng.shuffle(noise)
+    # The story is first or second: a summarizer has to find it, not just copy the opening.
+    at = rng.randint(0, 1)
+    sentences = noise[:at] + lead + noise[at:]
+    summary = f"{_TOWNS[town]} {_GROUPS[group]} {what} on {day}{f', {more} than last year' if more else ''}."
+    return " ".join(sentences), summary
+
+
+def generate_articles(size: int, seed: int) -> list[tuple[str, str]]:
+    """`size` (article, summary) pairs in English; the same (size, seed) always gives the same list.
+
+    Seeds that differ modulo `PARTITIONS` share no summary (see the module docstring).
+    """
+    if size < 0:
+        raise ValueError(f"size must be >= 0, got {size}")
+    rng = random.Random(seed)
+    bucket = seed % PARTITIONS
+    out = []
+    while len(out) < size:
+        story = _draw_story(rng)
+        if _partition(story) == bucket:
+            out.append(_article(story, rng))
+    return out
 
 
 def write_pairs(

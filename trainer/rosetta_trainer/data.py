@@ -6,7 +6,8 @@
                standard CSV quoting, so fields may hold commas, quotes and newlines
     jsonl      one JSON object per line with the fields sourceColumn/targetColumn/langColumn
     mtgeneval  an MT-GenEval directory: geneval-sentences-{feminine,masculine}-{split}.en_XX.{en,XX}
-    generated  the built-in demo corpus (rosetta_trainer.corpus)
+    generated  the built-in demo corpus (rosetta_trainer.corpus): translations, or articles and
+               their summaries when spec.task is summarization
 
 Relative paths are resolved against the current working directory (for a pod, the container's
 workingDir), not against the YAML file.
@@ -25,7 +26,7 @@ import codecs
 import csv
 import gzip
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from itertools import zip_longest
 from typing import Iterator, Literal
@@ -50,13 +51,15 @@ class Example:
     gender: str | None = None
     counterfactual: str | None = None
     pair_id: int | None = None
+    # spec.task: picks the T5 prefix ("translate ...: " or "summarize: ").
+    task: str = "translation"
 
 
 def with_prefix(example: Example, source_lang: str, use_prefix: bool) -> str:
     """The model input: the source text, behind a T5 task prefix when `use_prefix`."""
     if not use_prefix:
         return example.source
-    return task_prefix(source_lang, example.target_lang) + example.source
+    return task_prefix(source_lang, example.target_lang, example.task) + example.source
 
 
 def read_split(data: DataSpec, split: Literal["train", "validation", "test"]) -> list[Example]:
@@ -72,7 +75,10 @@ def read_split(data: DataSpec, split: Literal["train", "validation", "test"]) ->
 def read_source(src: DataSource, data: DataSpec) -> list[Example]:
     """The examples of one DataSource, at most `src.limit` of them."""
     reader = _READERS[src.format]
-    return reader(src, data)
+    examples = reader(src, data)
+    if data.task != "translation":
+        examples = [replace(e, task=data.task) for e in examples]
+    return examples
 
 
 # ------------------------------------------------------------------------ helpers
@@ -281,6 +287,8 @@ def _read_mtgeneval(src: DataSource, data: DataSpec) -> list[Example]:
 
 
 def _read_generated(src: DataSource, data: DataSpec) -> list[Example]:
+    if data.task == "summarization":
+        return _read_generated_articles(src, data)
     supported = ", ".join(corpus.SUPPORTED_LANGS)
     if data.source_lang != corpus.SOURCE_LANG:
         raise DataError(f"the generated corpus translates from '{corpus.SOURCE_LANG}', "
@@ -294,6 +302,16 @@ def _read_generated(src: DataSource, data: DataSpec) -> list[Example]:
         size = src.size if quota is None else min(src.size, quota)
         out.extend(Example(s, t, lang) for s, t in corpus.generate_pairs(lang, size, src.seed))
     return out
+
+
+def _read_generated_articles(src: DataSource, data: DataSpec) -> list[Example]:
+    lang = corpus.SOURCE_LANG
+    if data.source_lang != lang or _source_langs(src, data) != [lang]:
+        raise DataError(f"the generated summarization corpus is English articles with English summaries "
+                        f"(sourceLang: {lang}, targetLangs: [{lang}]), but sourceLang is '{data.source_lang}' "
+                        f"and the summaries would be in {', '.join(_source_langs(src, data))}")
+    size = src.size if src.limit is None else min(src.size, src.limit)
+    return [Example(article, summary, lang) for article, summary in corpus.generate_articles(size, src.seed)]
 
 
 _READERS = {

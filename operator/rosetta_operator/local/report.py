@@ -1,4 +1,5 @@
-"""End-of-run report: PNG plots of loss, learning rate and validation BLEU, and a summary table."""
+"""End-of-run report: PNG plots of loss, learning rate and the validation score (BLEU, or ROUGE-L
+for summarization), and a summary table."""
 
 from __future__ import annotations
 
@@ -13,8 +14,23 @@ def _jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def primary_metric(summary: Optional[dict], evals: list[dict]) -> str:
+    """The score the run picks its best checkpoint by, as the trainer reported it."""
+    if summary and summary.get("primary_metric"):
+        return summary["primary_metric"]
+    if evals and "bleu" not in evals[0] and "rougeL" in evals[0]:
+        return "rougeL"
+    return "bleu"
+
+
+def label(metric: str) -> str:
+    from rosetta_trainer.scoring import LABELS
+
+    return LABELS.get(metric, metric)
+
+
 def write_plots(trainer_output: Path, plots_dir: Path) -> list[Path]:
-    """loss.png, learning_rate.png and bleu.png (one line per language); the paths written."""
+    """loss.png, learning_rate.png and <metric>.png, e.g. bleu.png (one line per language); the paths written."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display, no GUI toolkit
@@ -33,27 +49,30 @@ def write_plots(trainer_output: Path, plots_dir: Path) -> list[Path]:
         written.append(path)
 
     steps = [r["step"] for r in metrics]
-    for key, label, name in (("loss", "training loss", "loss.png"), ("lr", "learning rate", "learning_rate.png")):
+    for key, title, name in (("loss", "training loss", "loss.png"), ("lr", "learning rate", "learning_rate.png")):
         if not metrics:
             break
         fig, ax = plt.subplots(figsize=(6, 3.5))
         ax.plot(steps, [r.get(key) for r in metrics])
-        ax.set(xlabel="step", ylabel=label, title=label)
+        ax.set(xlabel="step", ylabel=title, title=title)
         ax.grid(alpha=0.3)
         save(fig, name)
+    summary_path = trainer_output / "summary.json"
+    metric = primary_metric(json.loads(summary_path.read_text()) if summary_path.exists() else None, evals)
     if evals:
         fig, ax = plt.subplots(figsize=(6, 3.5))
         langs = sorted({lang for e in evals for lang in e.get("langs", {})})
         for lang in langs:
-            points = [(e["step"], e["langs"][lang]["bleu"]) for e in evals
-                      if lang in e.get("langs", {}) and e["langs"][lang].get("bleu") is not None]
-            ax.plot(*zip(*points), marker="o", label=lang)
+            points = [(e["step"], e["langs"][lang][metric]) for e in evals
+                      if lang in e.get("langs", {}) and e["langs"][lang].get(metric) is not None]
+            if points:
+                ax.plot(*zip(*points), marker="o", label=lang)
         if len(langs) > 1:
-            ax.plot([e["step"] for e in evals], [e["bleu"] for e in evals], "k--", label="all")
-        ax.set(xlabel="step", ylabel="BLEU", title="validation BLEU")
+            ax.plot([e["step"] for e in evals], [e.get(metric) for e in evals], "k--", label="all")
+        ax.set(xlabel="step", ylabel=label(metric), title=f"validation {label(metric)}")
         ax.legend()
         ax.grid(alpha=0.3)
-        save(fig, "bleu.png")
+        save(fig, f"{metric.lower()}.png")
     return written
 
 
@@ -69,16 +88,19 @@ def summary_rows(outcome, trainer_output: Path, plots: list[Path]) -> list[tuple
             ("restarts", str(outcome.restarts))]
     if summary:
         test = summary.get("test") or {}
+        metric = primary_metric(summary, [])
         rows += [
             ("steps", f"{summary.get('steps')}/{summary.get('total_steps')}"),
             ("world size", str(summary.get("world_size"))),
             ("wall seconds", _fmt(summary.get("wall_seconds"), ".0f")),
             ("tokens/s", _fmt(summary.get("tokens_per_s"), ".0f")),
-            ("validation BLEU", f"{_fmt(summary.get('final_bleu'))} (best {_fmt(summary.get('best_bleu'))} "
-                                f"at step {summary.get('best_step')})"),
+            # final_bleu/best_bleu hold the primary metric (ROUGE-L for summarization).
+            (f"validation {label(metric)}", f"{_fmt(summary.get('final_bleu'))} (best "
+                                             f"{_fmt(summary.get('best_bleu'))} at step {summary.get('best_step')})"),
         ]
-        if test:
-            rows.append(("test BLEU / chrF", f"{_fmt(test.get('bleu'))} / {_fmt(test.get('chrf'))}"))
+        shown = [m for m in ("bleu", "chrf", "rouge1", "rouge2", "rougeL", "rougeLsum") if test.get(m) is not None]
+        if shown:
+            rows.append((f"test {' / '.join(label(m) for m in shown)}", " / ".join(_fmt(test[m]) for m in shown)))
         rows += [("checkpoint", str(summary.get("latest_checkpoint"))),
                  ("best checkpoint", str(summary.get("best_checkpoint")))]
     rows.append(("trainer output", str(trainer_output)))
