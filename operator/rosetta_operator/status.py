@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional
 
+from rosetta_trainer.data_checks import TERMINATION_PREFIX
+
 
 class Phase:
     PENDING = "Pending"
@@ -31,6 +33,7 @@ class ConditionType:
     SUSPENDED = "Suspended"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
+    DATA_INVALID = "DataInvalid"   # the trainer rejected the training data; set only when True
 
     # The conditions that mirror the JobSet; always all present so `kubectl wait` never sees a gap.
     FROM_JOBSET = (RUNNING, SUSPENDED, SUCCEEDED, FAILED)
@@ -53,6 +56,7 @@ class Reason:
     JOBSET_COMPLETED = "JobSetCompleted"
     JOBSET_FAILED = "JobSetFailed"
     NOT_FINISHED = "NotFinished"
+    DATA_CHECK_FAILED = "DataCheckFailed"
 
 
 TRUE, FALSE = "True", "False"
@@ -230,6 +234,51 @@ def observe_jobset(jobset: Optional[Mapping], *, previous_phase: Optional[str] =
         _jobset_conditions(Cond(ConditionType.RUNNING, FALSE, reason, message),
                            not_suspended, not_succeeded, not_failed),
         restarts, start_time,
+    )
+
+
+# ------------------------------------------------------------------------ data errors
+
+
+def shows_failure(jobset: Mapping, previous_restarts: Optional[int]) -> bool:
+    """A job failed, the JobSet failed, or it restarted since we last looked: the moment to ask
+    the pods why (the JobSet says only that a job failed)."""
+    status = jobset.get("status") or {}
+    if _is_true(_jobset_condition(jobset, "Completed")):
+        return False
+    return (job_counts(jobset)["failed"] > 0 or _is_true(_jobset_condition(jobset, "Failed"))
+            or int(status.get("restarts") or 0) > int(previous_restarts or 0))
+
+
+def data_invalid_message(pods: Iterable[Mapping]) -> Optional[str]:
+    """`pod mt-node-0-0: train.de:17: not UTF-8 text …` when a container of these pods ended with
+    the trainer's data error in its termination message (data_checks.report_data_invalid)."""
+    for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("name") or ""):
+        for container in (pod.get("status") or {}).get("containerStatuses") or []:
+            for state in (container.get("state"), container.get("lastState")):
+                message = ((state or {}).get("terminated") or {}).get("message") or ""
+                if message.startswith(TERMINATION_PREFIX):
+                    name = (pod.get("metadata") or {}).get("name")
+                    return truncate(f"pod {name}: {message[len(TERMINATION_PREFIX):].strip()}")
+    return None
+
+
+def is_data_invalid(status: Mapping) -> bool:
+    return _is_true(condition(status, ConditionType.DATA_INVALID))
+
+
+def observe_data_invalid(message: str, *, restarts: Optional[int] = None, start_time: Optional[str] = None,
+                         now: str = "") -> Observation:
+    """Failed for good: the same data fails every restart, so the gang is stopped, not retried."""
+    reason = Reason.DATA_CHECK_FAILED
+    return Observation(
+        Phase.FAILED, truncate(f"data invalid: {message}"),
+        (Cond(ConditionType.RUNNING, FALSE, reason, message),
+         Cond(ConditionType.SUSPENDED, FALSE, Reason.NOT_SUSPENDED),
+         Cond(ConditionType.SUCCEEDED, FALSE, Reason.NOT_FINISHED),
+         Cond(ConditionType.FAILED, TRUE, reason, message),
+         Cond(ConditionType.DATA_INVALID, TRUE, reason, message)),
+        restarts, start_time, now or None,
     )
 
 

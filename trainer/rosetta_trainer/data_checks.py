@@ -1,0 +1,217 @@
+"""Checks on the raw text of `spec.data`, before any tokenizer sees it.
+
+Errors stop the run with a `DataError` naming the file (and line); data.py raises them while it
+reads, this module adds the last one:
+
+    line counts      the two files of a `pairs` source differ: both files and their counts
+    encoding         bytes that are not UTF-8: file, line, and the byte's offset in that line
+    format           a bad row, JSON line or CSV quote: file and line
+    nothing left     every training pair was dropped by the filters below
+
+Filters drop training pairs and count them (summary.json "data", `rosetta validate`). A pair is
+counted under the first filter that drops it, in this order:
+
+    empty          the source or the target is empty or whitespace only
+    length_ratio   translation only: the longer side has more than spec.data.checks.maxLengthRatio
+                   times the characters of the shorter (Moses clean-corpus uses 9, in tokens)
+    test_overlap   its source, for the same target language, is a validation or test source
+    duplicate      the same (source, target, language) as an earlier training pair
+
+Text is compared after trimming surrounding whitespace. Validation and test sets are
+benchmarks: they are never altered, only their empty pairs are counted (a warning). Pairs from
+`format: generated` are not checked: the demo corpus repeats short sentences by design, and its
+seeds give disjoint splits (corpus.py).
+
+A data error does not fix itself, so on a cluster a restart cannot help: `report_data_invalid`
+writes it to the Kubernetes termination message, where the operator finds it and sets the
+training's DataInvalid condition instead of restarting the gang. Torch-free.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .config import DataSource, DataSpec
+from .data import DataError, Example, read_source
+
+FILTERS = ("empty", "length_ratio", "test_overlap", "duplicate")
+EVAL_SPLITS = ("validation", "test")
+
+# sysexits.h EX_DATAERR: "the input data was incorrect in some way".
+DATA_INVALID_EXIT = 65
+# The operator matches this prefix in a pod's termination message (status.py).
+TERMINATION_PREFIX = "DataInvalid: "
+TERMINATION_LOG_ENV = "ROSETTA_TERMINATION_LOG"
+DEFAULT_TERMINATION_LOG = "/dev/termination-log"
+# The kubelet keeps at most 4096 bytes of a termination message.
+MAX_TERMINATION_MESSAGE = 4096
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SplitReport:
+    read: int = 0
+    kept: int = 0
+    dropped: Counter = field(default_factory=Counter)
+    empty: int = 0  # validation/test: empty pairs, kept
+
+    def as_dict(self, split: str) -> dict:
+        if split in EVAL_SPLITS:
+            return {"read": self.read, "kept": self.kept, "empty": self.empty}
+        return {"read": self.read, "kept": self.kept, "dropped": {name: self.dropped[name] for name in FILTERS}}
+
+
+@dataclass
+class CheckedData:
+    """The examples that passed, and for summary.json what happened to the others."""
+
+    train: list[Example]
+    validation: list[Example]
+    test: list[Example]
+    reports: dict[str, SplitReport]
+
+    @property
+    def report(self) -> dict:
+        return {split: report.as_dict(split) for split, report in self.reports.items()}
+
+    @property
+    def warnings(self) -> list[str]:
+        """What a person should look at although the run goes on."""
+        out = []
+        overlap = self.reports["train"].dropped["test_overlap"]
+        if overlap:
+            out.append(f"spec.data.train: dropped {overlap} {_pairs(overlap)} whose source is also a "
+                       "validation or test source; check how the splits were made")
+        for split in EVAL_SPLITS:
+            empty = self.reports[split].empty
+            if empty:
+                out.append(f"spec.data.{split}: {empty} {_pairs(empty)} with an empty source or target "
+                           f"(kept: {split} sets are not altered)")
+        return out
+
+
+def _pairs(n: int) -> str:
+    return "pair" if n == 1 else "pairs"
+
+
+def read_checked(data: DataSpec, keep: bool = True) -> CheckedData:
+    """Every split read and checked. `keep=False` only counts (`rosetta validate` on big corpora):
+    one source at a time is in memory, and 8 bytes per distinct training pair."""
+    checks = data.checks
+    ratio = checks.max_length_ratio if data.task == "translation" else None
+    reports = {split: SplitReport() for split in ("train", *EVAL_SPLITS)}
+    kept: dict[str, list[Example]] = {split: [] for split in reports}
+
+    held_out: set[tuple[str, str]] = set()
+    for split in EVAL_SPLITS:
+        report = reports[split]
+        for src in getattr(data, split):
+            for ex in read_source(src, data):
+                report.read += 1
+                source = ex.source.strip()
+                if src.format != "generated" and (not source or not ex.target.strip()):
+                    report.empty += 1
+                held_out.add((ex.target_lang, source))
+                if keep:
+                    kept[split].append(ex)
+        report.kept = report.read
+
+    report, seen = reports["train"], set()
+    for src in data.train:
+        checked = src.format != "generated"
+        for ex in read_source(src, data):
+            report.read += 1
+            reason = checked and _rejected(ex, ratio, held_out if checks.drop_test_overlap else None,
+                                           seen if checks.drop_duplicates else None)
+            if reason:
+                report.dropped[reason] += 1
+                continue
+            report.kept += 1
+            if keep:
+                kept["train"].append(ex)
+    if data.train and not report.kept:
+        raise DataError(f"spec.data.train: no training pair is left: {describe_split('train', report)}")
+    return CheckedData(kept["train"], kept["validation"], kept["test"], reports)
+
+
+def _rejected(ex: Example, ratio: float | None, held_out: set | None, seen: set | None) -> str | None:
+    source, target = ex.source.strip(), ex.target.strip()
+    if not source or not target:
+        return "empty"
+    if ratio is not None and max(len(source), len(target)) > ratio * min(len(source), len(target)):
+        return "length_ratio"
+    if held_out is not None and (ex.target_lang, source) in held_out:
+        return "test_overlap"
+    if seen is not None:
+        # A digest, not the text: a corpus of 100M pairs then needs ~5 GB for this set, not ~30.
+        # blake2b rather than hash() so that every rank (own hash seed) keeps the same pairs.
+        key = hashlib.blake2b(f"{ex.target_lang}\0{source}\0{target}".encode(), digest_size=8).digest()
+        if key in seen:
+            return "duplicate"
+        seen.add(key)
+    return None
+
+
+def describe_split(split: str, report: SplitReport) -> str:
+    """`1000 read, 950 kept (dropped: 3 empty, 40 duplicate)`: one line for logs and the CLI."""
+    text = f"{report.read} read, {report.kept} kept"
+    if split in EVAL_SPLITS:
+        return text + (f" ({report.empty} with an empty side, kept)" if report.empty else "")
+    dropped = [f"{report.dropped[name]} {name.replace('_', ' ')}" for name in FILTERS if report.dropped[name]]
+    return text + (f" (dropped: {', '.join(dropped)})" if dropped else "")
+
+
+def describe(checked: CheckedData) -> str:
+    return "; ".join(f"{split} {describe_split(split, report)}"
+                     for split, report in checked.reports.items() if report.read)
+
+
+# --------------------------------------------------------------------- rosetta validate
+
+
+def unreachable(data: DataSpec) -> list[str]:
+    """`spec.data.train[0].source: /data/train.en` for each file this machine cannot see."""
+    missing = []
+    for split in ("train", *EVAL_SPLITS):
+        for i, src in enumerate(getattr(data, split)):
+            for name in _file_fields(src):
+                value = getattr(src, name)
+                if not Path(value).expanduser().exists():
+                    missing.append(f"spec.data.{split}[{i}].{name}: {value}")
+    return missing
+
+
+def needs_checking(data: DataSpec) -> bool:
+    """False when every source is generated: nothing here would be checked."""
+    return any(src.format != "generated" for split in ("train", *EVAL_SPLITS) for src in getattr(data, split))
+
+
+def _file_fields(src: DataSource) -> tuple[str, ...]:
+    if src.format == "generated":
+        return ()
+    return ("source", "target") if src.format == "pairs" else ("path",)
+
+
+# ------------------------------------------------------------------- on a cluster
+
+
+def report_data_invalid(error: DataError) -> None:
+    """Leave the error where Kubernetes keeps it after the container exits: the termination
+    message file. Written only in a pod (the kubelet creates the file) or when
+    $ROSETTA_TERMINATION_LOG names one, so a laptop run never creates /dev/termination-log."""
+    path = os.environ.get(TERMINATION_LOG_ENV) or DEFAULT_TERMINATION_LOG
+    if TERMINATION_LOG_ENV not in os.environ and not os.path.exists(path):
+        return
+    text = TERMINATION_PREFIX + " ".join(str(error).splitlines())
+    data = text.encode("utf-8")[:MAX_TERMINATION_MESSAGE].decode("utf-8", errors="ignore")
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(data)
+    except OSError as exc:  # the error itself still reaches the log and the exit code
+        log.warning("cannot write the termination message to %s: %s", path, exc)
