@@ -40,6 +40,8 @@ RUN groupadd --gid 10001 rosetta \
     && mkdir -p /checkpoints /home/rosetta/.cache \
     && chown -R 10001:10001 /checkpoints /home/rosetta
 WORKDIR /home/rosetta
+# The operator's pods run as this user (spec.py TRAINER_UID) on a read-only root filesystem, with
+# emptyDirs at /tmp and at this HOME (HF hub, triton and DeepSpeed JIT caches): keep HOME here.
 USER 10001:10001
 ENTRYPOINT ["rosetta"]
 CMD ["--help"]

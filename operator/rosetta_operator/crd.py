@@ -14,10 +14,13 @@ from typing import Any
 from rosetta_trainer.config import _REQUIRED_BY_FORMAT
 from rosetta_operator.profiles import PROFILES
 from rosetta_operator.spec import (
-    DEFAULT_OUTPUT_MOUNT, HOSTNAME_LABEL, LAUNCHER_ENV, LAUNCHER_ENV_PREFIXES, RESERVED_MOUNTS, RESERVED_VOLUMES, TranslationTrainingSpec,
+    DEFAULT_OUTPUT_MOUNT, HOSTNAME_LABEL, LAUNCHER_ENV, LAUNCHER_ENV_PREFIXES, MAX_NAME_LENGTH, RESERVED_MOUNTS,
+    RESERVED_VOLUMES, SECRET_ENV_NAME, TranslationTrainingSpec,
 )
 
 GROUP = "rosetta.dev"
+# The JobSet's headless Service takes the training's name.
+DNS1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 VERSION = "v1alpha1"
 KIND = "TranslationTraining"
 PLURAL = "translationtrainings"
@@ -165,6 +168,20 @@ def cel_rules() -> list[CelRule]:
         *[CelRule(path, _format_rule(), "this format needs more fields (pairs: source and target; "
                                         "tsv, csv, jsonl, mtgeneval: path)") for path in splits],
         CelRule("training", "has(self.maxSteps) || has(self.epochs)", "set 'maxSteps' or 'epochs'"),
+        CelRule("", "(has(self.task) && self.task == 'summarization') || "
+                    "(has(self.data.targetLangs) && self.data.targetLangs.size() > 0)",
+                "a translation needs data.targetLangs"),
+        CelRule("", "!has(self.task) || self.task != 'summarization' || !has(self.evaluation) || "
+                    "!has(self.evaluation.metrics) || !self.evaluation.metrics.exists(m, m == 'gender')",
+                "the gender metric is for translation; summarization is scored with ROUGE"),
+        CelRule("distributed", "(has(self.backend) && self.backend == 'deepspeed') || (!has(self.zeroStage) && "
+                               "!has(self.deepspeedConfig) && (!has(self.offload) || "
+                               "((!has(self.offload.optimizer) || self.offload.optimizer == 'none') && "
+                               "(!has(self.offload.parameters) || self.offload.parameters == 'none'))))",
+                "zeroStage, offload and deepspeedConfig need backend: deepspeed"),
+        CelRule("distributed", "!has(self.offload) || !has(self.offload.parameters) || "
+                               "self.offload.parameters == 'none' || (has(self.zeroStage) && self.zeroStage == 3)",
+                "offload.parameters: cpu needs zeroStage 3"),
         CelRule("training.batch", "has(self.tokens) != has(self.sentences)",
                 "set exactly one of 'tokens' or 'sentences'"),
         CelRule("", "!has(self.model.architecture) || (has(self.tokenizer) && "
@@ -194,6 +211,14 @@ def cel_rules() -> list[CelRule]:
         CelRule("env.[]", "!(has(self.value) && has(self.valueFrom))", "set either 'value' or 'valueFrom', not both"),
         CelRule("env.[].valueFrom", "has(self.secretKeyRef) != has(self.configMapKeyRef)",
                 "set exactly one of 'secretKeyRef' or 'configMapKeyRef'"),
+        CelRule("env.[]", f"!self.name.matches('{SECRET_ENV_NAME}') || "
+                          "(!has(self.value) && (!has(self.valueFrom) || has(self.valueFrom.secretKeyRef)))",
+                "this variable holds a credential (*_TOKEN, *_SECRET*, *_PASSWORD, *_API_KEY, AWS_ACCESS_KEY_ID): "
+                "take it from valueFrom.secretKeyRef, not a literal value or a ConfigMap"),
+        CelRule("podSecurity", "!has(self.runAsUser) || self.runAsUser != 0",
+                "trainer pods do not run as root: runAsUser must not be 0"),
+        CelRule("podSecurity", "!has(self.runAsNonRoot) || self.runAsNonRoot",
+                "trainer pods always run as non-root: runAsNonRoot cannot be false"),
         CelRule("volumes.[]", "(has(self.persistentVolumeClaim) ? 1 : 0) + (has(self.emptyDir) ? 1 : 0) + "
                               "(has(self.hostPath) ? 1 : 0) == 1",
                 "set exactly one of 'persistentVolumeClaim', 'emptyDir' or 'hostPath'"),
@@ -328,7 +353,9 @@ def build_crd() -> dict:
                     "properties": {
                         "apiVersion": {"type": "string"},
                         "kind": {"type": "string"},
-                        "metadata": {"type": "object"},
+                        # Only name may be restricted here; longer names cannot fit the pods' names.
+                        "metadata": {"type": "object", "properties": {"name": {
+                            "type": "string", "maxLength": MAX_NAME_LENGTH, "pattern": DNS1035_LABEL}}},
                         "spec": spec_schema(),
                         "status": status_schema(),
                     },

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from rosetta_trainer.config import API_VERSION, KIND, ConfigError
 from rosetta_operator.profiles import EFA_RESOURCE, PROFILES
-from rosetta_operator.spec import DEFAULT_OUTPUT_MOUNT, TranslationTrainingSpec
+from rosetta_operator.spec import DEFAULT_OUTPUT_MOUNT, TRAINER_HOME, TRAINER_UID, TranslationTrainingSpec
 
 REPLICATED_JOB = "node"
 CONFIG_DIR = "/etc/rosetta"
@@ -30,6 +30,12 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
 TRAINING_LABEL = "rosetta.dev/training"
 BASE_LABELS = {"app.kubernetes.io/name": "rosetta", "app.kubernetes.io/managed-by": "rosetta-operator"}
+# Stands for the random suffix the Job controller appends to each pod name: JobSet's admission
+# webhook counts it when it checks that the longest pod name is a DNS-1035 label.
+POD_NAME_SUFFIX = "-xxxxx"
+# emptyDirs that stand in for the writable places a read-only root filesystem lacks; a local run
+# (`rosetta run`) uses the machine's own instead.
+SCRATCH_MOUNTS = ("/tmp", TRAINER_HOME)
 
 # libyaml when present: the pure-Python parser made YAML most of a reconcile's CPU time.
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -85,11 +91,11 @@ def resource_names(name: str, nodes: int) -> Names:
     if not _DNS1035.match(jobset):
         # The JobSet's headless Service is named after it: a DNS-1035 label.
         errors.append(("metadata.name", f"'{name}' must start with a letter and contain only a-z, 0-9 and '-'"))
-    longest = names.pod_hostname(nodes - 1)
+    longest = names.pod_hostname(nodes - 1) + POD_NAME_SUFFIX
     if len(longest) > 63:
         allowed = len(name) - (len(longest) - 63)
-        errors.append(("metadata.name", f"too long for {nodes} nodes: pod hostname '{longest}' exceeds 63 "
-                                        f"characters; use at most {allowed} characters"))
+        errors.append(("metadata.name", f"too long for {nodes} nodes: the pod name '{longest}' (xxxxx: the Job's "
+                                        f"random suffix) would exceed 63 characters; use at most {allowed} characters"))
     if errors:
         raise ConfigError(errors)
     return names
@@ -116,6 +122,15 @@ def output_mount(spec: TranslationTrainingSpec) -> str:
     return vol.mount_path if vol else DEFAULT_OUTPUT_MOUNT
 
 
+# The kubelet's grace between SIGTERM and SIGKILL when the pod does not set one.
+DEFAULT_GRACE_PERIOD_SECONDS = 30
+
+
+def grace_period_seconds(spec: TranslationTrainingSpec) -> int:
+    grace = spec.termination_grace_period_seconds
+    return DEFAULT_GRACE_PERIOD_SECONDS if grace is None else grace
+
+
 def launcher_env(spec: TranslationTrainingSpec, names: Names) -> list[dict]:
     """Env the launcher command reads through $(VAR); every name is launcher-owned (spec.LAUNCHER_ENV*)."""
     values = {
@@ -131,6 +146,9 @@ def launcher_env(spec: TranslationTrainingSpec, names: Names) -> list[dict]:
         vol = spec.volume_for(purpose)
         if vol:
             values[var] = vol.mount_path
+    # The trainer reports how much of the grace its stop checkpoint used; torchrun would
+    # otherwise SIGKILL its workers 30 s after SIGTERM, whatever the pod's grace.
+    values["ROSETTA_GRACE_PERIOD_S"] = values["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(grace_period_seconds(spec))
     env = [{"name": k, "value": v} for k, v in values.items()]
     # Index of this pod in the Indexed Job = node rank.
     env.insert(3, {"name": "ROSETTA_NODE_RANK", "valueFrom": {
@@ -153,6 +171,31 @@ def user_env(spec: TranslationTrainingSpec) -> list[dict]:
     return env
 
 
+# Keys the credentials Secret of spec.checkpoint.s3 must (or, the token, may) hold; the AWS SDKs read these names.
+S3_SECRET_KEYS = (("AWS_ACCESS_KEY_ID", False), ("AWS_SECRET_ACCESS_KEY", False), ("AWS_SESSION_TOKEN", True))
+
+
+def s3_credentials_env(spec: TranslationTrainingSpec) -> list[dict]:
+    """The checkpoint mirror's credentials, only ever by reference to a Secret. Without
+    credentialsSecret nothing is added: the pod uses the standard AWS chain (IRSA,
+    EKS Pod Identity, instance profile)."""
+    s3 = spec.checkpoint.s3
+    if s3 is None or s3.credentials_secret is None:
+        return []
+    clashes = [(f"spec.env[{i}].name", f"{var.name} is set from checkpoint.s3.credentialsSecret "
+                                      f"'{s3.credentials_secret}'; remove one of them")
+               for i, var in enumerate(spec.env) if var.name in {key for key, _ in S3_SECRET_KEYS}]
+    if clashes:
+        raise ConfigError(clashes)
+    env = []
+    for key, optional in S3_SECRET_KEYS:
+        ref = {"name": s3.credentials_secret, "key": key}
+        if optional:
+            ref["optional"] = True
+        env.append({"name": key, "valueFrom": {"secretKeyRef": ref}})
+    return env
+
+
 def command(spec: TranslationTrainingSpec) -> list[str]:
     """Every value comes through $(VAR), expanded by the kubelet, so a local runner can reuse it."""
     trainer = ["train", "-f", "$(ROSETTA_CONFIG)", "--output", "$(ROSETTA_OUTPUT)"]
@@ -167,6 +210,34 @@ def command(spec: TranslationTrainingSpec) -> list[str]:
     return ["torchrun", "--nnodes=$(ROSETTA_NNODES)", "--nproc-per-node=$(ROSETTA_NPROC_PER_NODE)",
             "--node-rank=$(ROSETTA_NODE_RANK)", "--master-addr=$(ROSETTA_MASTER_ADDR)",
             "--master-port=$(ROSETTA_MASTER_PORT)", "-m", "rosetta_trainer", *trainer]
+
+
+def pod_security_context(spec: TranslationTrainingSpec) -> dict:
+    """Non-root always (spec.py refuses UID 0); the image's user unless podSecurity picks another."""
+    sec = spec.pod_security
+    uid = sec.run_as_user if sec.run_as_user is not None else TRAINER_UID
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "runAsGroup": sec.run_as_group if sec.run_as_group is not None else uid,
+        # A fresh block volume (EBS, PD) is root-owned; fsGroup makes it writable for the
+        # checkpoints. OnRootMismatch: chown a big data volume once, not at every start.
+        "fsGroup": sec.fs_group if sec.fs_group is not None else uid,
+        "fsGroupChangePolicy": "OnRootMismatch",
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context() -> dict:
+    # No profile adds a capability: IPC_LOCK (memlock for EFA's registered memory) would never
+    # reach a non-root process's effective set, as Kubernetes sets no ambient capabilities; the
+    # node's runtime must give an unlimited memlock limit instead (docs/operator.md, Security).
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
 
 
 def resources(spec: TranslationTrainingSpec) -> dict:
@@ -197,6 +268,9 @@ def volumes(spec: TranslationTrainingSpec, names: Names) -> tuple[list[dict], li
         {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
         {"name": "dshm", "mountPath": "/dev/shm"},
     ]
+    for name, path in zip(("tmp", "home"), SCRATCH_MOUNTS):
+        vols.append({"name": name, "emptyDir": {}})
+        mounts.append({"name": name, "mountPath": path})
     if spec.volume_for("checkpoints") is None:
         vols.append({"name": "output", "emptyDir": {}})
         mounts.append({"name": "output", "mountPath": DEFAULT_OUTPUT_MOUNT})
@@ -289,9 +363,10 @@ def render(name: str, namespace: str, spec: TranslationTrainingSpec, owner: dict
         pod_annotations={"kubectl.kubernetes.io/default-container": "trainer"},
         image_pull_secrets=[{"name": s} for s in spec.image_pull_secrets],
         node_selector=node_selector, tolerations=tolerations,
-        security_context=spec.pod_security.model_dump(by_alias=True, exclude_none=True),
+        security_context=pod_security_context(spec), container_security_context=container_security_context(),
+        automount_token=spec.pod_security.automount_service_account_token,
         command=command(spec),
-        env=launcher_env(spec, names) + profile_env(spec) + user_env(spec),
+        env=launcher_env(spec, names) + profile_env(spec) + s3_credentials_env(spec) + user_env(spec),
         ports=[{"name": "metrics", "containerPort": metrics_port, "protocol": "TCP"}] if metrics_port else [],
         resources=resources(spec), volume_mounts=mounts, volumes=pod_volumes,
     )

@@ -35,9 +35,19 @@ LAUNCHER_ENV = frozenset({
 })
 # ROSETTA_: ours; PET_: torchrun reads its arguments from these; TORCHELASTIC_: set per worker.
 LAUNCHER_ENV_PREFIXES = ("ROSETTA_", "PET_", "TORCHELASTIC_")
-# Volumes and paths the pod template itself mounts.
-RESERVED_VOLUMES = ("dshm", "config", "output")
-RESERVED_MOUNTS = ("/dev/shm", "/etc/rosetta")
+# Volumes and paths the pod template itself mounts. The root filesystem is read-only, so
+# /tmp and the image's home (caches: HF hub, triton, DeepSpeed's JIT ops) are emptyDirs.
+TRAINER_HOME = "/home/rosetta"
+RESERVED_VOLUMES = ("dshm", "config", "output", "tmp", "home")
+RESERVED_MOUNTS = ("/dev/shm", "/etc/rosetta", "/tmp", TRAINER_HOME)
+# The trainer image's user (Dockerfile); pods run as it unless podSecurity says otherwise.
+TRAINER_UID = 10001
+# Env names that hold credentials: their value must come from a Secret (valueFrom.secretKeyRef),
+# never be written into the spec, where the ConfigMap and the JobSet would copy it in clear.
+SECRET_ENV_NAME = r"(?i)^(AWS_ACCESS_KEY_ID|(.*_)?(TOKEN|PASSWORD|PASSWD|API_KEY|APIKEY)|(.*_)?SECRETS?(_.*)?)$"
+# JobSet names each pod <name>-node-<job>-<index>-<5 random characters>, a DNS-1035 label of at
+# most 63 characters; with one node and job 0 that leaves 63 - len("-node-0-0-abcde") = 48.
+MAX_NAME_LENGTH = 48
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 # Where the run writes when no volume has purpose: checkpoints (an emptyDir then).
 DEFAULT_OUTPUT_MOUNT = "/checkpoints"
@@ -146,12 +156,39 @@ class EnvSource(Model):
         return self
 
 
+def is_secret_env(name: str) -> bool:
+    """WANDB_API_KEY, HF_TOKEN, AWS_SECRET_ACCESS_KEY, ...: a name whose value is a credential."""
+    return re.match(SECRET_ENV_NAME, name) is not None
+
+
 class EnvVar(Model):
     name: Annotated[str, _matches(ENV_NAME, "a valid environment variable name (letters, digits, '_', '-', '.')")] = Field(
         ..., min_length=1, max_length=128, json_schema_extra={"pattern": ENV_NAME}, description="Variable name."
     )
-    value: Optional[str] = Field(None, max_length=32768, description="Literal value.")
+    value: Optional[str] = Field(
+        None, max_length=32768,
+        description="Literal value; refused for credential names (*_TOKEN, *_SECRET*, *_PASSWORD, *_API_KEY, "
+                    "AWS_ACCESS_KEY_ID): use valueFrom.secretKeyRef.",
+    )
     value_from: Optional[EnvSource] = Field(None, description="Take the value from a Secret or ConfigMap.")
+
+    @field_validator("value")
+    @classmethod
+    def _no_literal_secret(cls, value, info: ValidationInfo):
+        name = info.data.get("name")
+        if value is not None and name and is_secret_env(name):
+            raise ValueError(f"{name} holds a credential: a literal value would be stored in clear in the "
+                             "TranslationTraining, its ConfigMap and the JobSet; use valueFrom.secretKeyRef")
+        return value
+
+    @field_validator("value_from")
+    @classmethod
+    def _secret_from_a_secret(cls, value, info: ValidationInfo):
+        name = info.data.get("name")
+        if value is not None and value.secret_key_ref is None and name and is_secret_env(name):
+            raise ValueError(f"{name} holds a credential: take it from a Secret (valueFrom.secretKeyRef), "
+                             "not a ConfigMap")
+        return value
 
     @model_validator(mode="after")
     def _not_both(self):
@@ -277,10 +314,40 @@ class FailurePolicySpec(Model):
 
 
 class PodSecuritySpec(Model):
-    run_as_user: Optional[int] = Field(None, ge=0, description="UID of the trainer process.")
-    run_as_group: Optional[int] = Field(None, ge=0, description="Primary GID of the trainer process.")
-    fs_group: Optional[int] = Field(None, ge=0, description="Group that owns mounted volumes (EFS access).")
-    run_as_non_root: Optional[bool] = Field(None, description="Refuse to start a container running as root.")
+    """The trainer always runs as a non-root user; these choose which one."""
+
+    run_as_user: Optional[int] = Field(
+        None, ge=0, description=f"UID of the trainer process (default {TRAINER_UID}, the image's user); not 0."
+    )
+    run_as_group: Optional[int] = Field(
+        None, ge=0, description=f"Primary GID of the trainer process (default {TRAINER_UID})."
+    )
+    fs_group: Optional[int] = Field(
+        None, ge=0, description=f"Group that owns mounted volumes (default {TRAINER_UID}; EFS access points)."
+    )
+    run_as_non_root: Optional[bool] = Field(
+        None, description="Always true for trainer pods: the kubelet refuses to start a container as root."
+    )
+    automount_service_account_token: bool = Field(
+        False,
+        description="Mount the ServiceAccount's API token into the pods. The trainer never calls the "
+                    "Kubernetes API; IRSA, EKS Pod Identity and GKE Workload Identity work without it.",
+    )
+
+    @field_validator("run_as_user")
+    @classmethod
+    def _not_root(cls, value):
+        if value == 0:
+            raise ValueError("trainer pods do not run as root (UID 0); use the image's user "
+                             f"({TRAINER_UID}) or another non-zero UID")
+        return value
+
+    @field_validator("run_as_non_root")
+    @classmethod
+    def _non_root_stays_on(cls, value):
+        if value is False:
+            raise ValueError("trainer pods always run as non-root; remove runAsNonRoot or set it to true")
+        return value
 
 
 # ---------------------------------------------------------------------------- spec
@@ -452,13 +519,25 @@ CLUSTER_FIELDS = frozenset(
 )
 
 
+class TrainingMetadata(Metadata):
+    """The trainer's metadata, with the name short enough for every child object's name."""
+
+    @field_validator("name")
+    @classmethod
+    def _fits_pod_names(cls, value: str):
+        if len(value) > MAX_NAME_LENGTH:
+            raise ValueError(f"'{value}' has {len(value)} characters; at most {MAX_NAME_LENGTH}, so that its "
+                             "pods' names (<name>-node-0-<index>-<5 random>) fit in 63")
+        return value
+
+
 class TranslationTraining(BaseModel):
     """The whole document; `status` and other server-side fields are ignored."""
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
     api_version: Literal["rosetta.dev/v1alpha1"] = Field(API_VERSION, alias="apiVersion")
     kind: Literal["TranslationTraining"] = KIND
-    metadata: Metadata = Field(default_factory=Metadata)
+    metadata: TrainingMetadata = Field(default_factory=TrainingMetadata)
     spec: TranslationTrainingSpec
 
 
@@ -515,6 +594,6 @@ def load_training(path: str | Path, overrides: list[str] | None = None,
 
 __all__ = [
     "DEFAULT_IMAGE", "LAUNCHER_ENV", "LAUNCHER_ENV_PREFIXES", "CLUSTER_FIELDS", "TranslationTraining",
-    "TranslationTrainingSpec", "VolumeSpec", "EnvVar", "launcher_env_owner", "load_training",
+    "TranslationTrainingSpec", "VolumeSpec", "EnvVar", "is_secret_env", "launcher_env_owner", "load_training",
     "parse_spec", "parse_training", "plain", "ConfigError",
 ]

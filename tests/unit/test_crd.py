@@ -234,6 +234,12 @@ CASES = [
                                            "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]), False),
     ("env valueFrom both refs", _raw(env=[{"name": "A", "valueFrom": {
         "secretKeyRef": {"name": "s", "key": "k"}, "configMapKeyRef": {"name": "c", "key": "k"}}}]), False),
+    ("literal secret env", _raw(env=[{"name": "WANDB_API_KEY", "value": "abc"}]), False),
+    ("secret env from a ConfigMap", _raw(env=[{"name": "HF_TOKEN", "valueFrom": {
+        "configMapKeyRef": {"name": "c", "key": "k"}}}]), False),
+    ("root user", _raw(podSecurity={"runAsUser": 0}), False),
+    ("runAsNonRoot off", _raw(podSecurity={"runAsNonRoot": False}), False),
+    ("non-root user", _raw(podSecurity={"runAsUser": 1000, "runAsNonRoot": True}), True),
     ("volume without source", _raw(volumes=[{"name": "a", "mountPath": "/a"}]), False),
     ("volume two sources", _raw(volumes=[{"name": "a", "mountPath": "/a", "emptyDir": {}, **PVC}]), False),
     ("read-only checkpoints", _raw(volumes=[{"name": "a", "mountPath": "/a", "purpose": "checkpoints",
@@ -250,6 +256,15 @@ CASES = [
     ("exclusive node pool", _raw(nodes=4, scheduling={"exclusiveTopology": "cloud.google.com/gke-nodepool"}), True),
     ("exclusive hostname on many nodes", _raw(nodes=2, scheduling={"exclusiveTopology": "kubernetes.io/hostname"}), False),
     ("toleration Exists with value", _raw(scheduling={"tolerations": [{"key": "a", "operator": "Exists", "value": "b"}]}), False),
+    ("summarization without targetLangs", _raw(task="summarization", data={
+        "sourceLang": "en", "train": [{"format": "generated", "size": 100}]}), True),
+    ("translation without targetLangs", _raw(data={"sourceLang": "en", "train": [{"format": "generated", "size": 100}]}),
+     False),
+    ("summarization with gender", _raw(task="summarization", evaluation={"metrics": ["rougeL", "gender"]}), False),
+    ("zero-3 with offload", _raw(distributed={"backend": "deepspeed", "zeroStage": 3,
+                                              "offload": {"optimizer": "cpu", "parameters": "cpu"}}), True),
+    ("zero stage without deepspeed", _raw(distributed={"zeroStage": 2}), False),
+    ("parameter offload on zero-2", _raw(distributed={"backend": "deepspeed", "offload": {"parameters": "cpu"}}), False),
 ]
 
 

@@ -74,9 +74,9 @@ def test_validate_overrides_and_render_only_errors(tmp_path, capsys):
     path = write(tmp_path, GOOD)
     assert main(["validate", "-f", path, "--set", "spec.gpusPerNode=4"]) == 0
     assert "4 GPUs per node (world size 8)" in capsys.readouterr().out
-    # too long a name is only found when rendering the pod hostnames
-    assert main(["validate", "-f", path, "--set", "metadata.name=" + "a" * 60]) == 2
-    assert "metadata.name: too long for 2 nodes" in capsys.readouterr().err
+    # a name that fits one node's pod names but not the 11th node's is only found when rendering
+    assert main(["validate", "-f", path, "--set", "spec.nodes=11", "--set", "metadata.name=" + "a" * 48]) == 2
+    assert "metadata.name: too long for 11 nodes" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("content, path_in_error", [

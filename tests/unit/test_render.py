@@ -288,7 +288,9 @@ def test_lifecycle_and_identity_fields():
     pod = pod_spec(rendered)
     assert pod["serviceAccountName"] == "trainer"
     assert pod["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror"}]
-    assert pod["securityContext"] == {"runAsUser": 1000, "fsGroup": 1000}
+    assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
+                                      "fsGroupChangePolicy": "OnRootMismatch",
+                                      "seccompProfile": {"type": "RuntimeDefault"}}
     assert pod["terminationGracePeriodSeconds"] == 120
     assert (container(rendered)["image"], container(rendered)["imagePullPolicy"]) == (
         "registry.example.com/rosetta:1", "Always")
@@ -300,7 +302,7 @@ def test_unset_optional_fields_are_left_out():
     assert spec["suspend"] is False and spec["failurePolicy"] == {"maxRestarts": 3}
     assert "ttlSecondsAfterFinished" not in spec
     for key in ("serviceAccountName", "imagePullSecrets", "nodeSelector", "affinity", "priorityClassName",
-                "securityContext", "terminationGracePeriodSeconds"):
+                "terminationGracePeriodSeconds"):
         assert key not in pod, key
     assert "annotations" not in rendered.jobset["metadata"]
     assert "kueue.x-k8s.io/queue-name" not in rendered.jobset["metadata"]["labels"]
@@ -330,9 +332,9 @@ def test_names_must_fit_kubernetes_limits():
         resource_names("9lives", 1)
     assert info.value.errors[0][0] == "metadata.name"
     with pytest.raises(ConfigError) as info:
-        resource_names("a" * 55, 100)  # aaaa…-node-0-99 is 65 characters
-    assert "use at most 53 characters" in info.value.errors[0][1]
-    assert len(resource_names("a" * 53, 100).pod_hostname(99)) == 63
+        resource_names("a" * 49, 100)  # aaaa…-node-0-99-xxxxx (the pod name) is 65 characters
+    assert "use at most 47 characters" in info.value.errors[0][1]
+    assert len(resource_names("a" * 47, 100).pod_hostname(99) + "-xxxxx") == 63
 
 
 # ------------------------------------------------------------- JobSet v0.12.0 CRD

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import yaml
 
-from rosetta_operator.render import COMPLETION_INDEX, CONFIG_KEY, Rendered
+from rosetta_operator.render import COMPLETION_INDEX, CONFIG_KEY, SCRATCH_MOUNTS, Rendered
 
 # JobSet exposes the restart count of the gang on every pod; the trainer reports it.
 RESTART_ATTEMPT_ENV = "ROSETTA_RESTART_ATTEMPT"
@@ -145,13 +145,13 @@ def mount_volumes(rendered: Rendered, output: Path, volume_dirs: dict[str, Path]
     unknown = sorted(set(volume_dirs) - set(sources))
     if unknown:
         raise LocalRunError(f"--volume {', '.join(unknown)}: no such volume; the pod has "
-                            f"{', '.join(sorted(n for n in sources if n not in ('config', 'dshm')))}")
+                            f"{', '.join(sorted(n for n in sources if n not in ('config', 'dshm', 'tmp', 'home')))}")
     paths = PathMap()
     config_dir: Path | None = None
     for mount in container.get("volumeMounts", []):
         name, source = mount["name"], sources[mount["name"]]
-        if mount["mountPath"] == "/dev/shm":
-            continue  # the host's shared memory serves the same purpose
+        if mount["mountPath"] == "/dev/shm" or mount["mountPath"] in SCRATCH_MOUNTS:
+            continue  # the host's shared memory, /tmp and home serve the same purpose
         if "configMap" in source:
             config_dir = output / "config"
             local = config_dir

@@ -22,10 +22,8 @@ from rosetta_operator.local.pods import (
 from rosetta_operator.local.progress import TrainingProgress
 from rosetta_operator.local.report import format_table, summary_rows, write_plots
 from rosetta_operator.local.supervisor import LocalJobSet
-from rosetta_operator.render import render
+from rosetta_operator.render import grace_period_seconds, render
 from rosetta_operator.spec import load_training
-
-DEFAULT_GRACE_SECONDS = 30.0
 
 
 def parse_volume_args(values: list[str]) -> dict[str, Path]:
@@ -61,7 +59,8 @@ def run(file: str, *, output: str | None = None, volumes: list[str] = (), overri
           f"output {out}", flush=True)
     bar = TrainingProgress(trainer_out, enabled=progress)
     sink = (lambda line: None) if quiet else bar.write
-    grace = spec.termination_grace_period_seconds or DEFAULT_GRACE_SECONDS
+    # The same grace the pods get on a cluster, and that the pods' env tells the trainer.
+    grace = float(grace_period_seconds(spec))
     jobset = LocalJobSet(make_pods,
                          max_restarts=spec.failure_policy.max_restarts, grace_seconds=grace,
                          output=out, sink=sink, on_tick=bar.tick)
