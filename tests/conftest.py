@@ -23,7 +23,9 @@ from typing import Iterator, Optional
 import pytest
 import yaml
 
-from support.cluster import JOBSET_CRD, Cluster  # also puts tests/envtest on sys.path
+from kubernetes.client.exceptions import ApiException
+
+from support.cluster import GROUP, JOBSET_CRD, PLURAL, VERSION, Cluster  # also puts tests/envtest on sys.path
 from control_plane import ControlPlane, ControlPlaneError, cache_dir, find_assets  # noqa: E402
 
 
@@ -91,6 +93,16 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
     name = f"{base}-{uuid.uuid4().hex[:5]}"
     cluster.core.create_namespace({"metadata": {"name": name}})
     yield name
+    # The test's operator has stopped by now, so nobody would remove the finalizers its daemons left:
+    # the next test's operator (watching every namespace) would then handle those deletions and
+    # retry events into a terminating namespace while it shuts down. Release them here.
+    for training in cluster.trainings(name):
+        try:
+            cluster.custom.patch_namespaced_custom_object(GROUP, VERSION, name, PLURAL, training,
+                                                          {"metadata": {"finalizers": None}})
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
     # The namespace controller deletes what is left; nobody waits for it.
     cluster.core.delete_namespace(name)
 

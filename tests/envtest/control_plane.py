@@ -142,6 +142,7 @@ class ControlPlane:
         self.procs: dict[str, subprocess.Popen] = {}
         self.port = 0
         self.kubeconfig = self.workdir / "kubeconfig"
+        self._etcd_url = ""
 
     # -------------------------------------------------------------------------- lifecycle
 
@@ -163,8 +164,8 @@ class ControlPlane:
     def start(self, timeout: float = 60) -> None:
         try:
             self._write_credentials()
-            etcd_url = self._start_etcd()
-            self._start_apiserver(etcd_url)
+            self._etcd_url = self._start_etcd()
+            self._start_apiserver(self._etcd_url)
             self._wait_ready(timeout)
             self._write_kubeconfig()
         except BaseException:
@@ -189,6 +190,26 @@ class ControlPlane:
         ])
         time.sleep(0.5)
         self._check_alive("kube-controller-manager")
+
+    def stop_apiserver(self) -> None:
+        """SIGTERM the kube-apiserver alone (etcd keeps the state), as a rolling upgrade does."""
+        proc = self.procs.pop("kube-apiserver")
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def start_apiserver(self, timeout: float = 60) -> None:
+        """A new kube-apiserver on the same port, certificates and token: clients need no change."""
+        self._start_apiserver(self._etcd_url, port=self.port)
+        self._wait_ready(timeout)
+
+    def restart_apiserver(self, down_for: float = 0.0, timeout: float = 60) -> None:
+        self.stop_apiserver()
+        time.sleep(down_for)
+        self.start_apiserver(timeout)
 
     def stop(self) -> None:
         for name in reversed(list(self.procs)):
@@ -232,8 +253,8 @@ class ControlPlane:
         ], env={"ETCD_UNSUPPORTED_ARCH": os.uname().machine.replace("aarch64", "arm64")})
         return url
 
-    def _start_apiserver(self, etcd_url: str) -> None:
-        self.port = free_port()
+    def _start_apiserver(self, etcd_url: str, port: int = 0) -> None:
+        self.port = port or free_port()
         w = self.workdir
         self._spawn("kube-apiserver", [
             str(self.assets.kube_apiserver),
@@ -254,7 +275,8 @@ class ControlPlane:
         ])
 
     def _spawn(self, name: str, argv: list[str], env: Optional[dict] = None) -> None:
-        log = open(self.workdir / f"{name}.log", "wb")
+        # Appended to: a restarted server's log follows its predecessor's.
+        log = open(self.workdir / f"{name}.log", "ab")
         self.procs[name] = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env={**os.environ, **(env or {})}, preexec_fn=_die_with_parent)

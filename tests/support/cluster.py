@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
@@ -18,6 +19,9 @@ JOBSET_CRD = SHARED_K8S / "jobset-crd-v0.12.0-k8s1.20.yaml"
 
 sys.path.insert(0, str(REPO / "tests" / "envtest"))
 from control_plane import ControlPlane  # noqa: E402
+
+GROUP, VERSION, PLURAL = "rosetta.dev", "v1alpha1", "translationtrainings"
+JS_GROUP, JS_VERSION, JS_PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 
 # Short polls: every wait below ends as soon as the API shows what it waits for.
 POLL = 0.1
@@ -64,6 +68,30 @@ class Cluster:
     def logs(self) -> str:
         return "\n".join(f"--- {name} ---\n{self.cp.logs(name, 15)}" for name in self.cp.procs)
 
+    # TranslationTrainings and their children, as the operator's tests look at them.
+
+    def create_training(self, namespace: str, doc: dict) -> dict:
+        return self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, doc)
+
+    def trainings(self, namespace: str) -> dict[str, dict]:
+        items = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
+        return {t["metadata"]["name"]: t for t in items}
+
+    def jobsets(self, namespace: str) -> dict[str, dict]:
+        items = self.custom.list_namespaced_custom_object(JS_GROUP, JS_VERSION, namespace, JS_PLURAL)["items"]
+        return {j["metadata"]["name"]: j for j in items}
+
+    def configmaps(self, namespace: str) -> dict[str, Any]:
+        """Only the operator's: the apiserver puts kube-root-ca.crt in every namespace on newer versions."""
+        items = self.core.list_namespaced_config_map(namespace).items
+        return {c.metadata.name: c for c in items if c.metadata.owner_references}
+
+    def play_jobset(self, namespace: str, name: str, *, ready: int, active: int, restarts: int = 0) -> None:
+        """Write JobSet status as the JobSet controller would (one replicated job, `node`)."""
+        body = {"status": {"restarts": restarts, "replicatedJobsStatus": [
+            {"name": "node", "ready": ready, "active": active, "succeeded": 0, "failed": 0, "suspended": 0}]}}
+        self.custom.patch_namespaced_custom_object_status(JS_GROUP, JS_VERSION, namespace, JS_PLURAL, name, body)
+
 
 class OperatorProcess:
     """`rosetta operator ARGS` as deployed: its own process, logging to the control plane's workdir."""
@@ -75,6 +103,22 @@ class OperatorProcess:
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "rosetta_trainer.cli", "operator", *args],
                                          stdout=out, stderr=subprocess.STDOUT, env=env)
+
+    def wait_healthy(self, port: int, timeout: float = 60) -> None:
+        """Until its /healthz answers (kopf serves it once its watches run); fails if it exits."""
+        def healthy() -> bool:
+            self.check_alive()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as resp:
+                    return resp.status == 200
+            except OSError:
+                return False
+        wait_for(healthy, f"the operator's /healthz on port {port}", timeout)
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no finished handler, as when a node dies or the OOM killer strikes."""
+        self.proc.kill()
+        self.proc.wait()
 
     def check_alive(self) -> None:
         """Fail the test with the operator's log when it has exited."""
