@@ -20,6 +20,7 @@ when a model is actually planned.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import re
@@ -139,6 +140,7 @@ class ModelShape:
     dropout: float
     attention_dropout: float
     source: str  # where the shape came from, for the output
+    pretrained: bool = True  # from_pretrained weights: partitioned as they load under ZeRO-3
 
 
 def model_config(spec) -> tuple[Any, str]:
@@ -321,9 +323,9 @@ def model_state_bytes(setting: Setting, shape: ModelShape, world: int, precision
 def node_cpu_bytes(setting: Setting, shape: ModelShape, nodes: int, gpus_per_node: int) -> int:
     """CPU memory per node, from DeepSpeed's own estimators (their 1.5 buffer factor included).
 
-    Every process first loads the model in fp32 (4Ψ each), except under ZeRO-3, where the
-    trainer builds the model inside deepspeed.zero.Init (zero_init) and each rank only ever
-    holds its partition.
+    Every process first loads the model in fp32 (4Ψ each), except pretrained weights under
+    ZeRO-3, which the trainer loads inside deepspeed.zero.Init (zero_init): each rank only ever
+    holds its partition. From-scratch models are built whole on every rank, as under DDP.
     """
     with _quiet_accelerator_detection():
         from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
@@ -335,7 +337,7 @@ def node_cpu_bytes(setting: Setting, shape: ModelShape, nodes: int, gpus_per_nod
         cpu, _, _ = estimate_zero3_model_states_mem_needs(
             shape.params, shape.largest_layer, num_gpus_per_node=gpus_per_node, num_nodes=nodes,
             cpu_offload=setting.offload_optimizer, cpu_offload_params=setting.offload_parameters,
-            zero_init=True)
+            zero_init=shape.pretrained)
     else:
         cpu, _ = estimate_zero2_model_states_mem_needs(
             shape.params, num_gpus_per_node=gpus_per_node, num_nodes=nodes,
@@ -563,7 +565,8 @@ def plan_spec(spec, gpu_memory: str | None = None) -> Plan:
     """The plan for a TrainerSpec or an operator TranslationTrainingSpec; PlanSkipped when impossible."""
     cluster = cluster_of(spec, gpu_memory)
     config, source = model_config(spec)
-    return make_plan(shape_of_config(config, source), Batch.of(spec), cluster, setting_of(spec.distributed))
+    shape = dataclasses.replace(shape_of_config(config, source), pretrained=spec.model.name is not None)
+    return make_plan(shape, Batch.of(spec), cluster, setting_of(spec.distributed))
 
 
 # ---------------------------------------------------------------------------- output
