@@ -5,18 +5,23 @@
         no JobSet yet      → create ConfigMap, then JobSet (owned by the training: deletion is plain GC)
         JobSet exists      → spec.suspend is copied to it; any other change is refused (SpecChangeRefused)
     JobSet event (labelled rosetta.dev/training)  →  jobset_changed()  →  status phase and conditions
-    TranslationTraining with a live JobSet  →  report_progress() daemon, every --progress-interval s:
+    TranslationTraining Running or Restarting  →  report_progress() daemon, every --progress-interval s:
         rank 0's pod IP → GET :spec.metrics.port/metrics → progress.py → status.progress (on change)
     any TranslationTraining event  →  count_phases()  →  the rosetta_operator_trainings{phase} gauge
 
 Status is written by one helper, `write_status`, with the parent's resourceVersion as a precondition,
-so the reconcile handler and the JobSet watch never overwrite each other's view; it re-reads the JobSet
-each time, so the last writer always saw the newest JobSet. It patches only when something changed.
+so the reconcile handler and the JobSet watch never overwrite each other's view. API calls are the
+operator's cost per training, so a first attempt trusts what the handler already holds (kopf's body
+of the training; the JobSet just created or read, or the watch event's own) and only a 409 conflict
+makes it read the training again (and reconcile the JobSet: its view may be older than the other
+writer's). Every JobSet change arrives as a watch event handled after it, so the last writer still
+saw the newest JobSet. It patches only when something changed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import datetime
 import functools
 import json
@@ -59,8 +64,11 @@ DEFAULT_PROGRESS_INTERVAL = 15.0
 # A trainer that does not answer this fast is busy or gone; the next round tries again.
 SCRAPE_TIMEOUT = 3.0
 DEFAULT_METRICS_PORT = MetricsSpec.model_fields["port"].default
-# Phases whose JobSet may have a live rank 0 to scrape.
-ACTIVE_PHASES = frozenset({st.Phase.PENDING, st.Phase.RUNNING, st.Phase.RESTARTING})
+# Phases whose JobSet may have a live rank 0 to scrape. Not Pending: that is "not every node's job
+# is ready", and no rank logs a step before the whole gang has joined, so a scrape could only say
+# no_pod or no_step; skipping it also spares a queued training kopf's finalizer patch. Restarting
+# stays so that a gang restart does not stop and restart the daemon (and its finalizer) each time.
+ACTIVE_PHASES = frozenset({st.Phase.RUNNING, st.Phase.RESTARTING})
 
 # The names are listed in metric_names.OPERATOR_METRICS; docs/observability.md describes them.
 RECONCILES = prometheus_client.Counter(
@@ -225,10 +233,11 @@ def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str, uid: 
         kopf.warn(body, reason=st.Reason.SPEC_CHANGE_REFUSED, message=spec_applied.message)
     else:
         spec_applied = st.Cond(st.ConditionType.SPEC_APPLIED, st.TRUE, st.Reason.SPEC_IN_SYNC)
-    if bool(jobset["spec"].get("suspend")) != training.spec.suspend and not _finished(jobset):
+    if bool(jobset["spec"].get("suspend")) != training.spec.suspend and not _finished(jobset) \
+            and not st.is_data_invalid(body.get("status") or {}):  # stopped for good (observe)
         # Suspend is the one change a JobSet takes while it exists: the JobSet controller stops the
         # gang's Jobs and recreates them on resume (from the last checkpoint).
-        set_jobset_suspend(api, namespace, jobset_name, training.spec.suspend)
+        jobset = set_jobset_suspend(api, namespace, jobset_name, training.spec.suspend)
         logger.info("JobSet %s: suspend=%s", jobset_name, training.spec.suspend)
 
     fixed = {
@@ -242,15 +251,16 @@ def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str, uid: 
                   st.Cond(st.ConditionType.CREATED, st.TRUE, st.Reason.JOBSET_CREATED,
                           f"JobSet {jobset_name}, ConfigMap {rendered.names.configmap}"),
                   spec_applied)
+    known = _first_attempt_only(jobset)
 
     def compute(parent: Mapping, current: Mapping) -> dict:
-        desired = observe(api, namespace, jobset_name, parent, current)
+        desired = observe(api, namespace, jobset_name, parent, current, known())
         desired.update(fixed)
         desired["conditions"] = st.upsert_conditions(desired.get("conditions") or [], conditions,
                                                      now=now(), generation=generation)
         return desired
 
-    write_status(api, namespace, name, uid, compute)
+    write_status(api, namespace, name, uid, compute, parent=body)
 
 
 def report_invalid(api: kubernetes.client.ApiClient, body: kopf.Body, errors: list[tuple[str, str]],
@@ -281,7 +291,7 @@ def report_invalid(api: kubernetes.client.ApiClient, body: kopf.Body, errors: li
                                                      now=now(), generation=generation)
         return desired
 
-    write_status(api, namespace, name, body.metadata["uid"], compute)
+    write_status(api, namespace, name, body.metadata["uid"], compute, parent=body)
 
 
 # --------------------------------------------------------------------------- JobSet watch
@@ -289,30 +299,64 @@ def report_invalid(api: kubernetes.client.ApiClient, body: kopf.Body, errors: li
 
 @kopf.on.event(JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL, labels={TRAINING_LABEL: kopf.PRESENT})
 @instrumented("jobset_changed")
-def jobset_changed(body: kopf.Body, namespace: str, memo: kopf.Memo, **_: Any) -> None:
-    """The JobSet controller moved: mirror it. The event is only a trigger; write_status re-reads."""
+def jobset_changed(event: Mapping, body: kopf.Body, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+    """The JobSet controller moved: mirror it. The event's body is the JobSet, so it is not read
+    again, not even after a conflict: kopf hands one JobSet's events over in order, so any newer
+    state comes as a later event and is written by a later call."""
     owner = _owner_ref(body)
     if owner is None:
         record_outcome("ignored")
         return
     api = memo.api_client
     jobset_name = body.metadata["name"]
+    # A deleted JobSet's last state is not "now": a read says whether it (or a successor) exists.
+    jobset = None if event.get("type") == "DELETED" else copy.deepcopy(dict(body))
 
     def compute(parent: Mapping, current: Mapping) -> dict:
-        return observe(api, namespace, jobset_name, parent, current)
+        return observe(api, namespace, jobset_name, parent, current, jobset)
 
     write_status(api, namespace, owner["name"], owner["uid"], compute)
 
 
 def observe(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str, parent: Mapping,
-            current: Mapping) -> dict:
-    jobset = get_jobset(api, namespace, jobset_name)
+            current: Mapping, jobset: Optional[Mapping] = None) -> dict:
+    """The desired status for what the JobSet says; `jobset` is one the caller already holds
+    (None: read it here)."""
+    if st.is_data_invalid(current):
+        return dict(current)  # failed for good, its JobSet stopped: nothing it does changes that
+    if jobset is None:
+        jobset = get_jobset(api, namespace, jobset_name)
     if jobset is None and not current.get("jobSetName"):
         return dict(current)  # never created (invalid spec): nothing to mirror
     stamp = now()
+    if jobset is not None and st.shows_failure(jobset, current.get("restarts")):
+        message = data_error(api, namespace, jobset_name)
+        if message is not None:
+            # The same files fail every restart: stop the gang now rather than after maxRestarts.
+            if not _finished(jobset):
+                set_jobset_suspend(api, namespace, jobset_name, True)
+            kopf.warn(parent, reason=st.Reason.DATA_CHECK_FAILED, message=message)
+            restarts = int((jobset.get("status") or {}).get("restarts") or 0)
+            observation = st.observe_data_invalid(message, restarts=restarts,
+                                                  start_time=current.get("startTime"), now=stamp)
+            return st.merge_status(current, observation, now=stamp,
+                                   generation=parent["metadata"].get("generation"))
     observation = st.observe_jobset(jobset, previous_phase=current.get("phase"),
                                     previous_start_time=current.get("startTime"), now=stamp)
     return st.merge_status(current, observation, now=stamp, generation=parent["metadata"].get("generation"))
+
+
+def data_error(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str) -> Optional[str]:
+    """The trainer's data error from a failed pod's termination message, if that is why it failed."""
+    try:
+        pods = kubernetes.client.CoreV1Api(api).list_namespaced_pod(
+            namespace, label_selector=f"{pr.JOBSET_NAME_LABEL}={jobset_name}")
+    except ApiException as exc:
+        # Without the pods the JobSet's own failure handling still applies: mirror that.
+        logging.getLogger(__name__).warning("cannot list the pods of JobSet %s/%s: %s",
+                                            namespace, jobset_name, exc.reason)
+        return None
+    return st.data_invalid_message(api.sanitize_for_serialization(p) for p in pods.items)
 
 
 # ------------------------------------------------------------------------ phase gauge
@@ -321,9 +365,17 @@ _PHASES: dict[str, str] = {}   # uid → phase of every TranslationTraining the 
 _PHASES_LOCK = threading.Lock()
 
 
-@kopf.on.event(GROUP, VERSION, PLURAL)
-def count_phases(event: Mapping, body: kopf.Body, uid: str, **_: Any) -> None:
-    """Keep rosetta_operator_trainings{phase} equal to what the API holds, deletions included."""
+@kopf.on.event(GROUP, VERSION, PLURAL, id="count_phases")
+async def on_training_event(event: Mapping, body: kopf.Body, uid: str, **_: Any) -> None:
+    """Async on purpose: it only touches memory, so it runs on kopf's event loop at once instead of
+    queueing for a worker thread behind the reconciles (about three events per training)."""
+    count_phases(event=event, body=body, uid=uid)
+
+
+def count_phases(event: Mapping, body: Mapping, uid: str, **_: Any) -> None:
+    """Keep rosetta_operator_trainings{phase} equal to what the API holds, deletions included.
+    Called on the event loop; the lock is for the startup hook's reset, which runs in a worker thread
+    before any watch starts, and costs nothing uncontended."""
     with _PHASES_LOCK:
         if event.get("type") == "DELETED":
             _PHASES.pop(uid, None)
@@ -425,7 +477,8 @@ def update_progress(api: kubernetes.client.ApiClient, namespace: str, name: str,
         outcome = "updated"
         return {**current, "progress": {**(current.get("progress") or {}), **progress}}
 
-    write_status(api, namespace, name, uid, compute)
+    # The training read above is at most a scrape old; a conflict re-reads it.
+    write_status(api, namespace, name, uid, compute, parent=training)
     return outcome
 
 
@@ -437,16 +490,26 @@ def now() -> str:
 
 
 def write_status(api: kubernetes.client.ApiClient, namespace: str, name: str, uid: str,
-                 compute: Callable[[Mapping, Mapping], dict], attempts: int = 8) -> None:
-    """Read the training, compute its desired status, patch what changed, retry on conflict."""
+                 compute: Callable[[Mapping, Mapping], dict], attempts: int = 8,
+                 parent: Optional[Mapping] = None) -> None:
+    """Compute the training's desired status, patch what changed, retry on conflict.
+
+    `parent` is the training as the caller already has it (kopf's body): the first attempt uses it
+    instead of a read. That is safe because the patch carries its resourceVersion: if the training
+    changed since, the apiserver answers 409 and every later attempt reads it afresh.
+    """
     custom = kubernetes.client.CustomObjectsApi(api)
+    known = copy.deepcopy(dict(parent)) if parent is not None else None
     for _attempt in range(attempts):
-        try:
-            parent = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-        except ApiException as exc:
-            if exc.status == 404:
-                return
-            raise
+        if known is not None:
+            parent, known = known, None
+        else:
+            try:
+                parent = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return
+                raise
         meta = parent["metadata"]
         if meta["uid"] != uid or meta.get("deletionTimestamp"):
             return  # a newer object with the same name, or on its way out: not ours to describe
@@ -462,9 +525,17 @@ def write_status(api: kubernetes.client.ApiClient, namespace: str, name: str, ui
                 _observe_time_to_running(meta.get("creationTimestamp"), patch["startTime"])
             return
         except ApiException as exc:
+            if exc.status == 404:
+                return  # deleted since the parent was read: nothing left to describe
             if exc.status != 409:
                 raise
     raise kopf.TemporaryError(f"status of {namespace}/{name} kept changing; retrying", delay=1)
+
+
+def _first_attempt_only(value: Optional[Mapping]) -> Callable[[], Optional[Mapping]]:
+    """`value` on the first call, None after: what a handler held before a 409 conflict is stale."""
+    box = [value]
+    return lambda: box.pop() if box else None
 
 
 def get_jobset(api: kubernetes.client.ApiClient, namespace: str, name: str) -> Optional[dict]:
@@ -512,8 +583,9 @@ def ensure_configmap(api: kubernetes.client.ApiClient, owner: kopf.Body, configm
         core.patch_namespaced_config_map(name, namespace, {"data": configmap.get("data")})
 
 
-def set_jobset_suspend(api: kubernetes.client.ApiClient, namespace: str, name: str, suspend: bool) -> None:
-    kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
+def set_jobset_suspend(api: kubernetes.client.ApiClient, namespace: str, name: str, suspend: bool) -> dict:
+    """Returns the patched JobSet."""
+    return kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
         JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, name, {"spec": {"suspend": suspend}})
 
 
