@@ -101,7 +101,7 @@ def test_a_data_error_sets_data_invalid_and_stops_the_jobset(cluster, namespace,
         st = status(cluster, namespace, "mt")
         return st if cond(st, ConditionType.DATA_INVALID).get("status") == "True" else None
 
-    st = wait_for(data_invalid, "the DataInvalid condition")
+    st = wait_for(data_invalid, "the DataInvalid condition", timeout=90)
     expected = f"pod {pod}: {DATA_ERROR}"
     assert cond(st, ConditionType.DATA_INVALID)["reason"] == Reason.DATA_CHECK_FAILED
     assert cond(st, ConditionType.DATA_INVALID)["message"] == expected

@@ -328,14 +328,7 @@ def test_cli_operator_serves_liveness(cluster, namespace):
     op = OperatorProcess(cluster, f"operator-{namespace}", "--namespace", namespace,
                          "--liveness-port", str(port), "--metrics-port", str(metrics))
     try:
-        def healthy():
-            op.check_alive()
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as resp:
-                    return resp.status == 200
-            except OSError:
-                return False
-        wait_for(healthy, f"/healthz on port {port}", timeout=30)
+        op.wait_healthy(port, timeout=30)
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=2) as resp:
             assert b"rosetta_operator_reconciles" in resp.read()
         create(cluster, namespace, training("mt"))
