@@ -60,6 +60,13 @@ def test_the_grace_period_runs_from_the_first_signal():
     assert stop.signal_name == "SIGTERM"
 
 
+def test_remaining_grace_is_the_deadline_left_for_uploads_after_a_stop():
+    assert signalled(grace=60, seconds_until_checkpoint=20).remaining_grace(margin=5) == pytest.approx(35)
+    assert signalled(grace=10, seconds_until_checkpoint=9).remaining_grace(margin=5) == 0.0
+    assert signalled(grace=None, seconds_until_checkpoint=1).remaining_grace() is None
+    assert StopRequested(grace_seconds=30).remaining_grace() is None  # no signal: no deadline
+
+
 def test_a_checkpoint_well_within_the_grace_is_logged_as_info(caplog):
     stop = signalled(grace=30, seconds_until_checkpoint=3.04)
     caplog.clear()  # the handler's own warning

@@ -135,8 +135,9 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
     # 5. train, then report
     try:
         summary = trainer.run()
-        if mirror is not None:  # the final (or preemption) checkpoint reaches S3 before we exit
-            summary["s3_mirror"] = mirror.finish()
+        if mirror is not None:  # the final (or preemption) checkpoint reaches S3 before we exit,
+            # unless that would outlast the pod's grace period: S3 then keeps its previous complete one.
+            summary["s3_mirror"] = mirror.finish(timeout=trainer.stop.remaining_grace())
         summary["resumed_from_step"] = state["step"] if state else None
         summary["restart_attempt"] = restart_attempt
         summary["output"] = str(output)
@@ -150,7 +151,7 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
         return summary
     finally:
         if mirror is not None:
-            mirror.finish()
+            mirror.finish(timeout=trainer.stop.remaining_grace())
         telemetry.close()
         close(world)
         del torch

@@ -67,6 +67,14 @@ class StopRequested:
     def seconds_since_signal(self) -> Optional[float]:
         return None if self.signalled_at is None else self._clock() - self.signalled_at
 
+    def remaining_grace(self, margin: float = 5.0) -> Optional[float]:
+        """Seconds left before the kubelet's SIGKILL, less `margin` for writing the summary; None
+        when no signal came or the grace is unknown (then there is no deadline to keep)."""
+        elapsed = self.seconds_since_signal()
+        if elapsed is None or self.grace is None:
+            return None
+        return max(0.0, self.grace - elapsed - margin)
+
     def checkpoint_written(self, step: int) -> Optional[float]:
         """Call once the stop checkpoint is complete: logs how long after the signal it was,
         warns when that came near or past the grace period, and returns the seconds
