@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rosetta_trainer.config import _REQUIRED_BY_FORMAT
+from rosetta_trainer.config import REQUIRED_BY_FORMAT
 from rosetta_operator.profiles import PROFILES
 from rosetta_operator.spec import (
     DEFAULT_OUTPUT_MOUNT, HOSTNAME_LABEL, LAUNCHER_ENV, LAUNCHER_ENV_PREFIXES, MAX_NAME_LENGTH, RESERVED_MOUNTS,
@@ -131,7 +131,7 @@ def _str_list(values) -> str:
 
 def _format_rule() -> str:
     checks = [f"(self.format != '{fmt}' || ({' && '.join(f'has(self.{f})' for f in fields)}))"
-              for fmt, fields in _REQUIRED_BY_FORMAT.items() if fields]
+              for fmt, fields in REQUIRED_BY_FORMAT.items() if fields]
     return " && ".join(checks)
 
 

@@ -6,13 +6,14 @@ SDK as a shared library: no helm binary, no network), for the chart tests and ma
 
 from __future__ import annotations
 
-import copy
 import json
 import sys
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
 import yaml
+
+from rosetta_trainer.config import deep_merge
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "rosetta"
@@ -36,17 +37,6 @@ class RenderError(Exception):
 
 def load_values(path: Path) -> dict:
     return yaml.safe_load(path.read_text()) or {}
-
-
-def merge(base: dict, override: dict) -> dict:
-    """Helm's -f semantics: maps merge key by key, everything else is replaced."""
-    out = copy.deepcopy(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
 
 
 def render_files(values: Optional[dict] = None, *, namespace: str = RAW_NAMESPACE, release: str = "rosetta",
@@ -75,8 +65,8 @@ def render(values: Optional[dict] = None, *, values_files: Iterable[Path] = (), 
     """The chart's objects (NOTES.txt left out), in Helm's install order."""
     merged: dict = {}
     for path in values_files:
-        merged = merge(merged, load_values(path))
-    merged = merge(merged, values or {})
+        merged = deep_merge(merged, load_values(path))  # Helm -f semantics
+    merged = deep_merge(merged, values or {})
     objects = []
     for path, text in sorted(render_files(merged, **kwargs).items()):
         if path.endswith("NOTES.txt"):

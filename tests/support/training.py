@@ -1,8 +1,9 @@
 """A tiny real training: a from-scratch model built from a config, generated data, CPU."""
 
-import copy
 import json
 from pathlib import Path
+
+from rosetta_trainer.config import deep_merge
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,11 +32,7 @@ TINY = {
 }
 
 
-def deep_update(base: dict, patch: dict) -> dict:
-    out = copy.deepcopy(base)
-    for key, value in patch.items():
-        out[key] = deep_update(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
+deep_update = deep_merge  # the name the tests patch TINY with
 
 
 def read_jsonl(path: Path) -> list[dict]:

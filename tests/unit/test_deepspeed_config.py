@@ -2,8 +2,8 @@
 
 import pytest
 
-from rosetta_trainer.config import ConfigError, parse_document
-from rosetta_trainer.deepspeed_backend import deepspeed_config, merge
+from rosetta_trainer.config import ConfigError, deep_merge as merge, parse_document
+from rosetta_trainer.deepspeed_backend import deepspeed_config
 from support.training import TINY, deep_update
 
 

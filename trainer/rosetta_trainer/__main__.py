@@ -138,6 +138,7 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
         if mirror is not None:  # the final (or preemption) checkpoint reaches S3 before we exit,
             # unless that would outlast the pod's grace period: S3 then keeps its previous complete one.
             summary["s3_mirror"] = mirror.finish(timeout=trainer.stop.remaining_grace())
+            mirror = None
         summary["resumed_from_step"] = state["step"] if state else None
         summary["restart_attempt"] = restart_attempt
         summary["output"] = str(output)
@@ -150,7 +151,7 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
         barrier(world)
         return summary
     finally:
-        if mirror is not None:
+        if mirror is not None:  # the run failed: still let the queued upload land
             mirror.finish(timeout=trainer.stop.remaining_grace())
         telemetry.close()
         close(world)

@@ -28,6 +28,14 @@ def param_groups(model, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def make_optimizer(spec: TrainerSpec, groups: list[dict], cuda: bool) -> torch.optim.AdamW:
+    """torch's AdamW with the spec's settings: fused kernels on CUDA, foreach on the CPU."""
+    t = spec.training
+    kwargs = dict(lr=t.learning_rate, betas=tuple(t.adam_betas), eps=t.adam_eps)
+    kwargs["fused" if cuda else "foreach"] = True
+    return torch.optim.AdamW(groups, **kwargs)
+
+
 def make_scheduler(spec: TrainerSpec, total_steps: int):
     """A callable optimizer → LambdaLR, so DeepSpeed can build it around its own optimizer."""
     t = spec.training
@@ -54,8 +62,6 @@ class DDPBackend:
     def __init__(self, spec: TrainerSpec, world: World, model, total_steps: int):
         self.spec, self.world = spec, world
         t = spec.training
-        if t.precision == "fp16" and world.device.type != "cuda":
-            raise ValueError("spec.training.precision: fp16 needs a CUDA device; use bf16 or fp32 on CPU")
         self.module = model.to(world.device)
         wrapped = torch.compile(self.module) if t.compile else self.module
         if world.distributed:
@@ -64,9 +70,7 @@ class DDPBackend:
             ids = [world.device.index] if world.device.type == "cuda" else None
             wrapped = DDP(wrapped, device_ids=ids)
         self.model = wrapped
-        kwargs = dict(lr=t.learning_rate, betas=tuple(t.adam_betas), eps=t.adam_eps)
-        kwargs["fused" if world.device.type == "cuda" else "foreach"] = True
-        self.optimizer = torch.optim.AdamW(param_groups(self.module, t.weight_decay), **kwargs)
+        self.optimizer = make_optimizer(spec, param_groups(self.module, t.weight_decay), world.device.type == "cuda")
         self.scheduler = make_scheduler(spec, total_steps)(self.optimizer)
         self.scaler = torch.amp.GradScaler("cuda") if t.precision == "fp16" else None
 
@@ -83,11 +87,11 @@ class DDPBackend:
         with sync:
             scaled.backward()
 
-    def step(self, check_finite: bool) -> tuple[torch.Tensor, bool]:
+    def step(self) -> tuple[torch.Tensor, bool]:
         """Clip and step. Returns (gradient norm, whether the step was applied).
 
-        With `check_finite`, a non-finite gradient norm skips the update (one host
-        sync per step; every rank sees the same all-reduced gradients, so all agree).
+        A non-finite gradient norm skips the update (one host sync per step; every rank sees
+        the same all-reduced gradients, so all agree without a collective).
         """
         t = self.spec.training
         if self.scaler:
@@ -100,7 +104,7 @@ class DDPBackend:
             # loss scaling, not a numerical fault.
             self.scaler.step(self.optimizer)
             self.scaler.update()
-        elif check_finite and not bool(torch.isfinite(grad_norm)):
+        elif not bool(torch.isfinite(grad_norm)):
             applied = False
         else:
             self.optimizer.step()
@@ -113,7 +117,8 @@ class DDPBackend:
         return self.scheduler.get_last_lr()[0]
 
     def weights_finite(self) -> bool:
-        return all(bool(torch.isfinite(p).all()) for p in self.module.parameters())
+        # One host sync for the whole model, not one per tensor.
+        return bool(torch.stack([torch.isfinite(p).all() for p in self.module.parameters()]).all())
 
     # ------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
@@ -136,6 +141,8 @@ class DDPBackend:
 
 
 def build_backend(spec: TrainerSpec, world: World, model, total_steps: int):
+    if spec.training.precision == "fp16" and world.device.type != "cuda":
+        raise ValueError("spec.training.precision: fp16 needs a CUDA device; use bf16 or fp32 on CPU")
     if spec.distributed.backend == "deepspeed":
         from rosetta_trainer.deepspeed_backend import DeepSpeedBackend
 

@@ -86,6 +86,15 @@ def latest_checkpoint(root: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def best_by_score(candidates):
+    """The item of the best-scoring (score, step directory name, item), skipping unscored ones;
+    None when none has a score. Ties go to the earlier step: a later checkpoint must be
+    strictly better (the same rule here and for the copies in S3)."""
+    scored = [(score, -int(STEP_DIR.match(name).group(1)), i, item)
+              for i, (score, name, item) in enumerate(candidates) if score is not None]
+    return max(scored)[3] if scored else None
+
+
 def read_meta(path: Path) -> dict:
     return json.loads((path / "meta.json").read_text())
 
@@ -153,12 +162,7 @@ class CheckpointManager:
 
     def best(self) -> Path | None:
         """The complete checkpoint with the highest validation BLEU, if any has one."""
-        scored = [(read_meta(p).get("bleu"), p) for p in complete_checkpoints(self.root)]
-        scored = [(b, p) for b, p in scored if b is not None]
-        if not scored:
-            return None
-        # Ties go to the earlier step: a later checkpoint must be strictly better.
-        return max(scored, key=lambda bp: (bp[0], -int(STEP_DIR.match(bp[1].name).group(1))))[1]
+        return best_by_score((read_meta(p).get("bleu"), p.name, p) for p in complete_checkpoints(self.root))
 
     def _prune(self) -> None:
         found = complete_checkpoints(self.root)

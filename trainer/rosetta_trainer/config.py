@@ -136,7 +136,7 @@ class TokenizerSpec(Model):
 
 DataFormat = Literal["pairs", "tsv", "csv", "jsonl", "mtgeneval", "generated"]
 
-_REQUIRED_BY_FORMAT = {
+REQUIRED_BY_FORMAT = {
     "pairs": ("source", "target"),
     "tsv": ("path",),
     "csv": ("path",),
@@ -175,7 +175,7 @@ class DataSource(Model):
 
     @model_validator(mode="after")
     def _fields_for_format(self):
-        missing = [f for f in _REQUIRED_BY_FORMAT[self.format] if getattr(self, f) is None]
+        missing = [f for f in REQUIRED_BY_FORMAT[self.format] if getattr(self, f) is None]
         if missing:
             raise ValueError(f"format '{self.format}' needs {', '.join(repr(to_camel(m)) for m in missing)}")
         return self
@@ -573,6 +573,18 @@ def format_errors(exc: ValidationError, prefix: str = "") -> list[tuple[str, str
             path = f"{prefix}.{path}" if path else prefix
         message = err["msg"].removeprefix("Value error, ")
         out.append((path or "(document)", message))
+    return out
+
+
+def deep_merge(base: dict, overrides: dict) -> dict:
+    """`overrides` merged into a copy of `base`: mappings key by key, anything else replaced
+    (Helm's values semantics; also how deepspeedConfig goes over the generated config)."""
+    out = copy.deepcopy(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
     return out
 
 

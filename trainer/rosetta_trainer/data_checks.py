@@ -36,7 +36,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config import DataSource, DataSpec
+from .config import REQUIRED_BY_FORMAT, DataSpec
 from .data import DataError, Example, read_source
 
 FILTERS = ("empty", "length_ratio", "test_overlap", "duplicate")
@@ -180,7 +180,7 @@ def unreachable(data: DataSpec) -> list[str]:
     missing = []
     for split in ("train", *EVAL_SPLITS):
         for i, src in enumerate(getattr(data, split)):
-            for name in _file_fields(src):
+            for name in REQUIRED_BY_FORMAT[src.format]:  # a format's required fields are its files
                 value = getattr(src, name)
                 if not Path(value).expanduser().exists():
                     missing.append(f"spec.data.{split}[{i}].{name}: {value}")
@@ -190,12 +190,6 @@ def unreachable(data: DataSpec) -> list[str]:
 def needs_checking(data: DataSpec) -> bool:
     """False when every source is generated: nothing here would be checked."""
     return any(src.format != "generated" for split in ("train", *EVAL_SPLITS) for src in getattr(data, split))
-
-
-def _file_fields(src: DataSource) -> tuple[str, ...]:
-    if src.format == "generated":
-        return ()
-    return ("source", "target") if src.format == "pairs" else ("path",)
 
 
 # ------------------------------------------------------------------- on a cluster

@@ -11,15 +11,14 @@ with DeepSpeed's zero_to_fp32 utilities.
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import logging
 from pathlib import Path
 
 import torch
 
-from rosetta_trainer.backends import make_scheduler, param_groups
-from rosetta_trainer.config import TrainerSpec
+from rosetta_trainer.backends import make_optimizer, make_scheduler, param_groups
+from rosetta_trainer.config import TrainerSpec, deep_merge
 from rosetta_trainer.distributed import World
 
 log = logging.getLogger(__name__)
@@ -27,17 +26,6 @@ log = logging.getLogger(__name__)
 # DeepSpeed's sub-directory inside a step-NNNNNNNN checkpoint, and its config file.
 TAG = "deepspeed"
 CONFIG_FILE = "deepspeed_config.json"
-
-
-def merge(base: dict, overrides: dict) -> dict:
-    """`overrides` merged into a copy of `base`, mappings recursively."""
-    out = copy.deepcopy(base)
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
 
 
 def deepspeed_config(spec: TrainerSpec, cuda: bool) -> dict:
@@ -68,7 +56,7 @@ def deepspeed_config(spec: TrainerSpec, cuda: bool) -> dict:
         config["optimizer"] = {"type": "AdamW", "params": {
             "lr": t.learning_rate, "betas": list(t.adam_betas), "eps": t.adam_eps,
             "weight_decay": t.weight_decay}}
-    return merge(config, d.deepspeed_config or {})
+    return deep_merge(config, d.deepspeed_config or {})
 
 
 @contextlib.contextmanager
@@ -103,8 +91,6 @@ class DeepSpeedBackend:
         self.spec, self.world = spec, world
         t = spec.training
         cuda = world.device.type == "cuda"
-        if t.precision == "fp16" and not cuda:
-            raise ValueError("spec.training.precision: fp16 needs a CUDA device; use bf16 or fp32 on CPU")
         self.config = deepspeed_config(spec, cuda)
         if t.compile and world.is_main:
             log.warning("spec.training.compile is not applied under the DeepSpeed backend (its engine "
@@ -112,9 +98,7 @@ class DeepSpeedBackend:
         groups = param_groups(model, t.weight_decay)
         client_optimizer = None
         if "optimizer" not in self.config:
-            kwargs = dict(lr=t.learning_rate, betas=tuple(t.adam_betas), eps=t.adam_eps)
-            kwargs["fused" if cuda else "foreach"] = True
-            client_optimizer = torch.optim.AdamW(groups, **kwargs)
+            client_optimizer = make_optimizer(spec, groups, cuda)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, model_parameters=groups, optimizer=client_optimizer,
             lr_scheduler=make_scheduler(spec, total_steps), config=self.config)
@@ -137,7 +121,7 @@ class DeepSpeedBackend:
         self.engine.backward(loss)
         self.engine.step()
 
-    def step(self, check_finite: bool) -> tuple[torch.Tensor, bool]:
+    def step(self) -> tuple[torch.Tensor, bool]:
         """The engine already stepped at the last micro-batch; report what it did.
 
         ZeRO's optimizers skip a step whose gradient norm is not finite (and then do

@@ -75,6 +75,9 @@ class Trainer:
         self._control_group = control_group(world)
         self._stop_vote = None
         self.stop_checkpoint_seconds: float | None = None
+        # The validation score that picks the best checkpoint; the *_bleu fields (Position, trainer
+        # state, checkpoint meta "bleu", telemetry best_bleu) keep their names but hold it.
+        self.metric = primary_metric(spec)
         ev = spec.evaluation
         self.eval_interval = ev.interval or spec.checkpoint.interval
         self.eval_set = validation[: ev.max_samples] if ev.max_samples else validation
@@ -191,7 +194,7 @@ class Trainer:
         return self._finish(last_record, totals, time.perf_counter() - run_start, stopped_early)
 
     def _optimizer_step(self) -> torch.Tensor:
-        grad_norm, applied = self.backend.step(check_finite=True)
+        grad_norm, applied = self.backend.step()
         if not applied:
             self._non_finite(grad_norm)
         return grad_norm
@@ -281,9 +284,7 @@ class Trainer:
     def _evaluate(self, split: str, examples: list[Example]) -> dict:
         scores, _ = evaluate_examples(self.model, self.tokenizer, examples, self.spec, self.world)
         record = {"step": self.pos.step, "split": split, **scores}
-        # The *_bleu fields (Position, trainer state, checkpoint meta "bleu", telemetry best_bleu) keep
-        # their names for compatibility but hold the primary metric: ROUGE-L for summarization.
-        metric = primary_metric(self.spec)
+        metric = self.metric
         if split == "validation" and scores.get(metric) is not None:
             self.pos.last_bleu = scores[metric]
             if self.pos.best_bleu is None or scores[metric] > self.pos.best_bleu:
@@ -300,11 +301,11 @@ class Trainer:
         evaluated_now = self.pos.step % self.eval_interval == 0 and bool(self.eval_set)
         # "bleu" is the primary metric's value (what best() ranks by); "metric" says which one it is.
         meta = {"epoch": self.pos.epoch, "bleu": self.pos.last_bleu if evaluated_now else None,
-                "metric": primary_metric(self.spec)}
-        started = time.perf_counter()
+                "metric": self.metric}
         if not self.backend.weights_finite():
             raise NonFiniteError(f"step {self.pos.step}: the model has non-finite weights; no checkpoint "
                                  "was written (the newest one on disk is unaffected)")
+        started = time.perf_counter()
         path = self.checkpoints.save(step=self.pos.step, backend=self.backend, tokenizer=self.tokenizer,
                                      trainer_state=self.state_dict(), document_yaml=self.document_yaml, meta=meta)
         if self.world.is_main:
@@ -314,7 +315,7 @@ class Trainer:
 
     def _finish(self, last: dict, totals: dict, wall: float, stopped_early: bool) -> dict:
         pos = self.pos
-        metric = primary_metric(self.spec)  # final_bleu and best_bleu hold it
+        metric = self.metric  # final_bleu and best_bleu hold it
         final_val = test = None
         if not stopped_early and self.spec.evaluation.at_end:
             if self.eval_set:

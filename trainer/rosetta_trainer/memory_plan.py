@@ -20,14 +20,15 @@ when a model is actually planned.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import re
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from rosetta_trainer.flops import Seq2SeqDims
 
 GiB = 2**30
 # Kept free on every GPU: CUDA context, NCCL and DeepSpeed communication buckets, allocator
@@ -195,23 +196,21 @@ def shape_of_config(config, source: str = "config") -> ModelShape:
     params = list(model.parameters())  # a tied tensor appears once
     largest = max(sum(p.numel() for p in module.parameters(recurse=False)) for module in model.modules())
     c = config
-    if hasattr(c, "d_kv"):  # T5 family
-        dims = dict(attention_dim=c.d_kv * c.num_heads, ffn_dim=c.d_ff, heads=c.num_heads,
-                    encoder_layers=c.num_layers, decoder_layers=c.num_decoder_layers,
-                    gated_ffn=bool(getattr(c, "is_gated_act", False)), relative_bias=True,
-                    dropout=c.dropout_rate, attention_dropout=c.dropout_rate)
-    elif hasattr(c, "encoder_attention_heads"):  # BART / Marian family
-        dims = dict(attention_dim=c.d_model, ffn_dim=max(c.encoder_ffn_dim, c.decoder_ffn_dim),
-                    heads=c.encoder_attention_heads, encoder_layers=c.encoder_layers,
-                    decoder_layers=c.decoder_layers, gated_ffn=False, relative_bias=False,
-                    dropout=c.dropout, attention_dropout=c.attention_dropout)
-    else:
+    try:
+        dims = Seq2SeqDims.from_hf_config(c)  # the same reading of the config as the FLOP counter
+    except ValueError:
         raise PlanSkipped(f"{type(c).__name__}: the activation formula knows T5- and BART/Marian-style "
-                          "configs only")
+                          "configs only") from None
+    t5 = hasattr(c, "d_kv")
+    shape = dict(attention_dim=dims.inner_dim, ffn_dim=max(dims.ffn_dim, dims.decoder_ffn_dim or 0),
+                 heads=dims.heads, encoder_layers=dims.encoder_layers, decoder_layers=dims.decoder_layers,
+                 gated_ffn=dims.gated_ffn, relative_bias=t5,
+                 dropout=c.dropout_rate if t5 else c.dropout,
+                 attention_dropout=c.dropout_rate if t5 else c.attention_dropout)
     return ModelShape(params=sum(p.numel() for p in params),
                       trainable=sum(p.numel() for p in params if p.requires_grad),
-                      largest_layer=largest, d_model=c.d_model,
-                      vocab_size=model.get_output_embeddings().weight.shape[0], source=source, **dims)
+                      largest_layer=largest, d_model=dims.d_model,
+                      vocab_size=model.get_output_embeddings().weight.shape[0], source=source, **shape)
 
 
 # -------------------------------------------------------------------------- formulas
@@ -565,7 +564,7 @@ def plan_spec(spec, gpu_memory: str | None = None) -> Plan:
     """The plan for a TrainerSpec or an operator TranslationTrainingSpec; PlanSkipped when impossible."""
     cluster = cluster_of(spec, gpu_memory)
     config, source = model_config(spec)
-    shape = dataclasses.replace(shape_of_config(config, source), pretrained=spec.model.name is not None)
+    shape = replace(shape_of_config(config, source), pretrained=spec.model.name is not None)
     return make_plan(shape, Batch.of(spec), cluster, setting_of(spec.distributed))
 
 

@@ -34,7 +34,9 @@ from pathlib import Path
 import botocore.exceptions as boto_errors
 from boto3.exceptions import S3UploadFailedError
 
-from rosetta_trainer.checkpoint import MARKER, STEP_DIR, _fsync_dir, _fsync_tree, complete_checkpoints
+from rosetta_trainer.checkpoint import (
+    MARKER, STEP_DIR, _fsync_dir, _fsync_tree, best_by_score, complete_checkpoints, read_meta,
+)
 from rosetta_trainer.config import CheckpointSpec, S3MirrorSpec
 from rosetta_trainer.distributed import World, barrier, broadcast_object
 
@@ -265,7 +267,7 @@ def upload_checkpoint(client, spec: S3MirrorSpec, source: Path, name: str, polic
     _put_bytes(client, bucket, manifest_key, manifest, keys, policy, counters)
     _check_listing(client, spec, name, files, policy, counters)
     body = json.dumps({"manifest_sha256": hashlib.sha256(manifest).hexdigest(), "files": len(files),
-                       "bytes": sum(m["size"] for m in files.values()), "bleu": _bleu(source)}).encode()
+                       "bytes": sum(m["size"] for m in files.values()), "bleu": read_meta(source).get("bleu")}).encode()
     _put_bytes(client, bucket, marker, body, keys, policy, counters)
     return {"files": len(files), "bytes": sum(m["size"] for m in files.values()),
             "seconds": round(time.perf_counter() - started, 3)}
@@ -354,18 +356,11 @@ def prune(client, spec: S3MirrorSpec, keep: int, best: str | None, policy: Retry
     return pruned
 
 
-def _bleu(checkpoint: Path) -> float | None:
-    try:
-        return json.loads((checkpoint / "meta.json").read_text()).get("bleu")
-    except (OSError, ValueError):
-        return None
-
-
 def _best_in_s3(client, spec: S3MirrorSpec, complete: list[str], policy, counters) -> list[str]:
     """[the complete checkpoint with the highest BLEU in its COMPLETE marker], or []; ties go
     to the earlier step, as in CheckpointManager.best()."""
     keys = Keys(spec)
-    scored = []
+    scored = []  # (BLEU from the marker, step name, step name)
     for name in complete:
         key = keys.file(name, MARKER)
         try:
@@ -375,9 +370,9 @@ def _best_in_s3(client, spec: S3MirrorSpec, complete: list[str], policy, counter
             bleu = json.loads(raw).get("bleu")
         except (MirrorError, ValueError):
             continue  # pruned meanwhile, or a marker without scores: not a candidate
-        if bleu is not None:
-            scored.append((bleu, -_step(name), name))
-    return [max(scored)[2]] if scored else []
+        scored.append((bleu, name, name))
+    best = best_by_score(scored)
+    return [best] if best else []
 
 
 # ------------------------------------------------------------------- download
