@@ -69,6 +69,13 @@ def test_builtin_table_gives_the_published_t5_small():
     assert mp.builtin_config("t5-xxl-does-not-exist") is None
 
 
+def test_flan_t5_counts_its_separate_lm_head():
+    # flan-t5-small's published size: 76,961,152, of which 32128 × 512 is its own LM head
+    # (transformers 5 builds the config tied; the planner unties it as loading the weights does).
+    shape = mp.shape_of_config(mp.builtin_config("google/flan-t5-small"))
+    assert shape.params == 76_961_152
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_model_states_match_the_hand_formulas(shape, precision):
     n = 4

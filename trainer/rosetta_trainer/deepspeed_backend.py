@@ -162,7 +162,10 @@ class DeepSpeedBackend:
         """Collective: every rank writes its shards; rank 0 the config that rebuilds the model."""
         self.engine.save_checkpoint(str(directory), tag=TAG, save_latest=False)
         if self.world.is_main:
+            from rosetta_trainer.models import mark_untied_output
+
             self.module.config.save_pretrained(directory / "model")
+            mark_untied_output(self.module, directory / "model")
             generation = getattr(self.module, "generation_config", None)
             if generation is not None:
                 generation.save_pretrained(directory / "model")
@@ -179,14 +182,15 @@ def consolidated_model(checkpoint: Path):
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from transformers import AutoConfig, AutoModelForSeq2SeqLM, GenerationConfig
 
-    from rosetta_trainer.models import freeze_fixed_positions
+    from rosetta_trainer.models import freeze_fixed_positions, untie_output_for
 
     checkpoint = Path(checkpoint)
     state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint), tag=TAG)
     config = AutoConfig.from_pretrained(checkpoint / "model")
     model = AutoModelForSeq2SeqLM.from_config(config)
+    untie_output_for(model, state)  # flan-T5/mT5: a separate lm_head must not collapse into the embedding
     missing, unexpected = model.load_state_dict(state, strict=False)
-    model.tie_weights()
+    model.tie_weights(recompute_mapping=False)  # recomputing would re-tie an untied lm_head
     if unexpected:
         raise ValueError(f"{checkpoint}: the DeepSpeed checkpoint has weights the model lacks: {unexpected[:5]}")
     # Tied parameters (shared embeddings, the output projection) are stored once.

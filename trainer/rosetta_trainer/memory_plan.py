@@ -191,8 +191,12 @@ def shape_of_config(config, source: str = "config") -> ModelShape:
     import torch
     from transformers import AutoModelForSeq2SeqLM
 
+    from rosetta_trainer.models import separate_output_in_config, untie_output
+
     with torch.device("meta"):
         model = AutoModelForSeq2SeqLM.from_config(config)
+        if separate_output_in_config(config):  # flan-T5, mT5: transformers 5 builds them tied
+            untie_output(model)
     params = list(model.parameters())  # a tied tensor appears once
     largest = max(sum(p.numel() for p in module.parameters(recurse=False)) for module in model.modules())
     c = config
