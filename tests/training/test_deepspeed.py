@@ -118,8 +118,13 @@ def test_export_is_a_hugging_face_model_with_the_ddp_weights(runs):
     exported = load_file(str(export / "model.safetensors"))
     ddp = load_file(str(runs["out"]["ddp"] / "checkpoints" / "step-00000012" / "model" / "model.safetensors"))
     assert set(exported) == set(ddp)
-    worst = max((exported[k] - ddp[k]).abs().max().item() for k in ddp)
-    assert worst < 1e-4, worst
+    # Per tensor, relative to its norm. Not an element-wise bound: AdamW's eps of 1e-9 turns a
+    # rounding-level difference in a near-zero gradient into a full learning-rate step for that
+    # element, so a few elements of 10^4 may differ by ~1e-3 (measured: 20 of the embedding's
+    # 9,600 above 1e-4, the worst tensor 3e-4 relative) while the logged losses agree to 5
+    # decimals. A real difference (another step, a lost lm_head) is of order 1e-2 to 1.
+    worst = max(((exported[k] - ddp[k]).norm() / ddp[k].norm().clamp(min=1e-12)).item() for k in ddp)
+    assert worst < 1e-3, worst
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     outputs = []

@@ -1,0 +1,90 @@
+"""The fused label-smoothed cross-entropy against torch's F.cross_entropy: value and gradient."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rosetta_trainer import losses
+from rosetta_trainer.losses import label_smoothed_cross_entropy
+
+
+def reference(logits, labels, smoothing):
+    return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=-100,
+                           label_smoothing=smoothing, reduction="sum")
+
+
+def both(logits, labels, smoothing, scale=0.37):
+    """Loss and gradient of each implementation, with a non-trivial upstream gradient."""
+    out = []
+    for fn in (reference, label_smoothed_cross_entropy):
+        x = logits.detach().clone().requires_grad_(True)
+        loss = fn(x, labels, smoothing)
+        (loss * scale).backward()
+        out.append((loss.detach(), x.grad))
+    return out
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1, 0.35])
+@pytest.mark.parametrize("shape", [(3, 7, 50), (130, 11), (1, 1, 5)])
+def test_value_and_gradient_match_torch(smoothing, shape):
+    torch.manual_seed(0)
+    logits = torch.randn(*shape) * 4
+    labels = torch.randint(0, shape[-1], shape[:-1])
+    labels.view(-1)[::3] = -100  # padding positions
+    (ref_loss, ref_grad), (loss, grad) = both(logits, labels, smoothing)
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-5, atol=1e-6)
+    # Ignored positions (every shape has at least one) get no gradient at all.
+    assert grad.reshape(-1, shape[-1])[labels.reshape(-1) == -100].abs().max() == 0
+
+
+def test_chunked_rows_match_one_chunk(monkeypatch):
+    torch.manual_seed(1)
+    logits, labels = torch.randn(37, 64), torch.randint(0, 64, (37,))
+    labels[5] = -100
+    (_, ref_grad), (whole_loss, whole_grad) = both(logits, labels, 0.1)
+    monkeypatch.setattr(losses, "CPU_CHUNK_BYTES", 4 * 64 * 4)  # 4 rows per chunk, the last one partial
+    (_, _), (loss, grad) = both(logits, labels, 0.1)
+    torch.testing.assert_close(loss, whole_loss)
+    torch.testing.assert_close(grad, whole_grad)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-5, atol=1e-6)
+
+
+def test_bf16_logits_get_a_bf16_gradient_close_to_fp32():
+    torch.manual_seed(2)
+    logits, labels = torch.randn(4, 9, 40), torch.randint(0, 40, (4, 9))
+    x = logits.to(torch.bfloat16).requires_grad_(True)
+    loss = label_smoothed_cross_entropy(x, labels, 0.1)
+    loss.backward()
+    assert loss.dtype == torch.float32 and x.grad.dtype == torch.bfloat16
+    (ref_loss, ref_grad), _ = both(logits.to(torch.bfloat16).float(), labels, 0.1, scale=1.0)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-3)
+    torch.testing.assert_close(x.grad.float(), ref_grad, rtol=2e-2, atol=2e-3)
+
+
+def test_all_positions_ignored_gives_zero_loss_and_gradient():
+    logits = torch.randn(2, 3, 8, requires_grad=True)
+    loss = label_smoothed_cross_entropy(logits, torch.full((2, 3), -100), 0.1)
+    loss.backward()
+    assert loss.item() == 0 and logits.grad.abs().sum() == 0
+
+
+def test_non_finite_logits_give_a_non_finite_loss():
+    # The NaN policy relies on a non-finite loss reaching the gradient norm.
+    logits = torch.randn(2, 6, requires_grad=True)
+    with torch.no_grad():
+        logits[1, 2] = float("nan")
+    loss = label_smoothed_cross_entropy(logits, torch.tensor([1, 3]), 0.1)
+    loss.backward()
+    assert not torch.isfinite(loss) and not torch.isfinite(logits.grad).all()
+
+
+def test_second_backward_is_refused_and_bad_smoothing_is_named():
+    logits = torch.randn(2, 6, requires_grad=True)
+    loss = label_smoothed_cross_entropy(logits, torch.tensor([1, 3]), 0.1)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="only once"):
+        loss.backward()
+    with pytest.raises(ValueError, match=r"label smoothing must be in \[0, 1\), got 1.0"):
+        label_smoothed_cross_entropy(logits, torch.tensor([1, 3]), 1.0)
