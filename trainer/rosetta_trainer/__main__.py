@@ -39,6 +39,7 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
     from rosetta_trainer import checkpoint as ckpt
     from rosetta_trainer import s3_mirror
     from rosetta_trainer.batching import encode
+    from rosetta_trainer.cpu_allocator import keep_freed_memory
     from rosetta_trainer.data_checks import describe, read_checked
     from rosetta_trainer.distributed import barrier, close, init_world
     from rosetta_trainer.evaluate import model_inputs
@@ -55,6 +56,8 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
     logging.basicConfig(level=logging.INFO if world.is_main else logging.WARNING,
                         format=f"%(asctime)s rank{world.rank} %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("rosetta_trainer")
+    if world.device.type == "cpu" and keep_freed_memory():
+        log.info("CPU allocator: freed memory stays in the process (ROSETTA_CPU_ALLOCATOR=system to turn off)")
     output.mkdir(parents=True, exist_ok=True)
     ckpt_root = Path(spec.checkpoint.dir) if spec.checkpoint.dir else Path("checkpoints")
     ckpt_root = ckpt_root if ckpt_root.is_absolute() else output / ckpt_root
