@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+import torch
 
 from rosetta_trainer.batching import IGNORE_INDEX, EncodedCorpus, collate, plan_epoch, rank_batches
 
@@ -67,3 +68,18 @@ def test_collate_pads_inputs_and_masks_labels():
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
     assert batch["labels"].tolist() == [[8, 1, IGNORE_INDEX, IGNORE_INDEX], [9, 9, 9, 1]]
     assert batch["target_lengths"].tolist() == [2, 4]
+
+
+def test_collate_counts_tokens_sentences_and_flops():
+    corpus = EncodedCorpus([[5, 6, 1], [7, 1]], [[8, 1], [9, 9, 9, 1]])
+    seen = []
+
+    def flops(src, tgt):
+        seen.append((src, tgt))
+        return 123.0
+
+    batch = collate(corpus, [0, 1], pad_id=0, flops=flops)
+    assert batch["counts"].dtype == torch.float64
+    assert batch["counts"].tolist() == [5 + 6, 6, 2, 123.0]
+    assert seen == [([3, 2], [2, 4])]
+    assert collate(corpus, [1], pad_id=0)["counts"].tolist() == [2 + 4, 4, 1, 0.0]

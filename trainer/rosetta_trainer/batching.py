@@ -87,8 +87,11 @@ def rank_batches(plan: list[list[int]], rank: int, world_size: int) -> list[list
     return plan[rank::world_size]
 
 
-def collate(corpus: EncodedCorpus, indices: list[int], pad_id: int) -> dict[str, torch.Tensor]:
-    """Pad one batch. Returns model inputs plus token counts (not model inputs)."""
+def collate(corpus: EncodedCorpus, indices: list[int], pad_id: int, flops=None) -> dict[str, torch.Tensor]:
+    """Pad one batch. Returns model inputs plus its counts (not model inputs): `counts` is
+    (source + target tokens, target tokens, sentences, training FLOPs), where `flops` is
+    `(source lengths, target lengths) -> FLOPs` or None for 0. Counting here, in the loader
+    process, keeps the per-step Python out of the training process."""
     srcs = [corpus.sources[i] for i in indices]
     tgts = [corpus.targets[i] for i in indices]
     b, ls, lt = len(indices), max(map(len, srcs)), max(map(len, tgts))
@@ -99,31 +102,36 @@ def collate(corpus: EncodedCorpus, indices: list[int], pad_id: int) -> dict[str,
         input_ids[row, : len(s)] = torch.tensor(s)
         attention[row, : len(s)] = 1
         labels[row, : len(t)] = torch.tensor(t)
+    src_lengths, tgt_lengths = [len(s) for s in srcs], [len(t) for t in tgts]
+    counts = [sum(src_lengths) + sum(tgt_lengths), sum(tgt_lengths), b,
+              flops(src_lengths, tgt_lengths) if flops is not None else 0.0]
     return {
         "input_ids": input_ids,
         "attention_mask": attention,
         "labels": labels,
-        "source_lengths": torch.tensor([len(s) for s in srcs]),
-        "target_lengths": torch.tensor([len(t) for t in tgts]),
+        "source_lengths": torch.tensor(src_lengths),
+        "target_lengths": torch.tensor(tgt_lengths),
+        "counts": torch.tensor(counts, dtype=torch.float64),
     }
 
 
 class BatchLoader(torch.utils.data.Dataset):
     """One item = one collated batch; lets a DataLoader prefetch and pin memory."""
 
-    def __init__(self, corpus: EncodedCorpus, batches: list[list[int]], pad_id: int):
-        self.corpus, self.batches, self.pad_id = corpus, batches, pad_id
+    def __init__(self, corpus: EncodedCorpus, batches: list[list[int]], pad_id: int, flops=None):
+        self.corpus, self.batches, self.pad_id, self.flops = corpus, batches, pad_id, flops
 
     def __len__(self) -> int:
         return len(self.batches)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return collate(self.corpus, self.batches[i], self.pad_id)
+        return collate(self.corpus, self.batches[i], self.pad_id, self.flops)
 
 
-def iterate(corpus: EncodedCorpus, batches: list[list[int]], pad_id: int, start: int = 0, pin_memory: bool = False):
-    """Batches from position `start` on, collated in a background worker."""
-    remaining = BatchLoader(corpus, batches[start:], pad_id)
+def iterate(corpus: EncodedCorpus, batches: list[list[int]], pad_id: int, start: int = 0, pin_memory: bool = False,
+            flops=None):
+    """Batches from position `start` on, collated (and counted, see collate) in a background worker."""
+    remaining = BatchLoader(corpus, batches[start:], pad_id, flops)
     if not len(remaining):
         return iter(())
     # A DataLoader draws its workers' base seed from the global RNG when it starts an iterator,

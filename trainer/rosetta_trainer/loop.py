@@ -6,6 +6,7 @@ norms stay on the device and are read (and all-reduced) once per log interval.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -13,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from rosetta_trainer import batching
 from rosetta_trainer.backends import build_backend
@@ -27,6 +27,7 @@ from rosetta_trainer.distributed import (
 from rosetta_trainer.evaluate import evaluate_examples, primary_metric
 from rosetta_trainer.preemption import StopRequested
 from rosetta_trainer.flops import Seq2SeqDims, peak_flops, training_flops
+from rosetta_trainer.losses import label_smoothed_cross_entropy
 from rosetta_trainer.scoring import LABELS
 from rosetta_trainer.telemetry import Telemetry
 
@@ -109,7 +110,9 @@ class Trainer:
         pin = self.world.device.type == "cuda"
         while True:
             plan = self._plan(epoch)
-            for i, batch in enumerate(batching.iterate(self.corpus, plan, self.pad_id, start, pin), start):
+            batches = batching.iterate(self.corpus, plan, self.pad_id, start, pin,
+                                       flops=functools.partial(training_flops, self.dims))
+            for i, batch in enumerate(batches, start):
                 yield epoch, i, batch
             epoch, start = epoch + 1, 0
 
@@ -122,9 +125,7 @@ class Trainer:
         logits = self.backend.forward(input_ids=input_ids, attention_mask=attention,
                                       decoder_input_ids=decoder_inputs).logits
         n_tokens = (labels != IGNORE_INDEX).sum()
-        loss_sum = F.cross_entropy(
-            logits.float().view(-1, logits.size(-1)), labels.view(-1), ignore_index=IGNORE_INDEX,
-            label_smoothing=self.spec.training.label_smoothing, reduction="sum")
+        loss_sum = label_smoothed_cross_entropy(logits, labels, self.spec.training.label_smoothing, IGNORE_INDEX)
         loss = loss_sum / n_tokens.clamp(min=1)
         self.backend.backward(loss, accumulation, boundary)
         return loss.detach(), n_tokens
@@ -156,9 +157,7 @@ class Trainer:
                     window[6] += time.perf_counter() - waited
                     loss, _ = self._micro_step(batch, boundary=micro == accum - 1, accumulation=accum)
                     loss_window += loss / accum
-                    src, tgt = batch["source_lengths"], batch["target_lengths"]
-                    window[2:6] += torch.tensor([float(src.sum() + tgt.sum()), float(tgt.sum()), float(len(src)),
-                                                training_flops(self.dims, src.tolist(), tgt.tolist())], dtype=torch.float64)
+                    window[2:6] += batch["counts"]  # tokens, target tokens, sentences, FLOPs
                     pos.epoch, pos.batch = epoch, index + 1
                 grad_norm = self._optimizer_step()
                 pos.step += 1
