@@ -57,7 +57,7 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
                         format=f"%(asctime)s rank{world.rank} %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("rosetta_trainer")
     if world.device.type == "cpu" and keep_freed_memory():
-        log.info("CPU allocator: freed memory stays in the process (ROSETTA_CPU_ALLOCATOR=system to turn off)")
+        log.info("CPU allocator: freed memory stays in the process (ROSETTA_CPU_ALLOCATOR=keep)")
     output.mkdir(parents=True, exist_ok=True)
     ckpt_root = Path(spec.checkpoint.dir) if spec.checkpoint.dir else Path("checkpoints")
     ckpt_root = ckpt_root if ckpt_root.is_absolute() else output / ckpt_root
