@@ -99,6 +99,43 @@ for _outcome in ("updated", "unchanged", "no_pod", "unreachable", "no_step"):
 _handler_state = threading.local()
 
 
+class OwnCreations:
+    """JobSets this process created whose ADDED event it has not handled yet.
+
+    `reconcile` writes the first status from the JobSet its POST returned, so the ADDED event of
+    that same object (same resourceVersion) has nothing new to say; handling it anyway costs a
+    training GET and, when it lands between the POST and reconcile's status PATCH (often, under
+    load), a 409 for one of the two writers. Bounded: an event that never comes (a watch that
+    restarted past it) does not pin memory. Empty after a restart, when every JobSet's ADDED
+    event is handled as news.
+    """
+
+    def __init__(self, limit: int = 4096):
+        self.limit = limit
+        self._versions: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def add(self, jobset: Mapping) -> None:
+        meta = jobset.get("metadata") or {}
+        if not meta.get("uid") or not meta.get("resourceVersion"):
+            return
+        with self._lock:
+            self._versions[meta["uid"]] = meta["resourceVersion"]
+            while len(self._versions) > self.limit:
+                del self._versions[next(iter(self._versions))]  # the oldest (dicts keep insertion order)
+
+    def claim(self, jobset: Mapping) -> bool:
+        """True (once) when `jobset` is exactly what this process created."""
+        meta = jobset.get("metadata") or {}
+        if not meta.get("uid") or not meta.get("resourceVersion"):
+            return False
+        with self._lock:
+            if self._versions.get(meta["uid"]) != meta["resourceVersion"]:
+                return False
+            del self._versions[meta["uid"]]
+            return True
+
+
 def record_outcome(outcome: str) -> None:
     """Name how the running handler call ended (default: ok); the `instrumented` wrapper counts it."""
     _handler_state.outcome = outcome
@@ -175,6 +212,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
     except kubernetes.config.ConfigException:
         kubernetes.config.load_kube_config()
     memo.api_client = kubernetes.client.ApiClient()
+    memo.own_creations = OwnCreations()
     if memo.get("metrics_port"):
         prometheus_client.start_http_server(memo.metrics_port)
     logger.info("rosetta operator configured (allow_host_path=%s, progress_interval=%ss)",
@@ -218,6 +256,7 @@ def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str, uid: 
             applied_spec, sort_keys=True, separators=(",", ":"))
         ensure_configmap(api, body, rendered.configmap)
         jobset = create_jobset(api, body, rendered.jobset)
+        memo.own_creations.add(jobset)  # its status is written below, not by its ADDED event
         logger.info("created JobSet %s and ConfigMap %s", jobset_name, rendered.names.configmap)
     else:
         _check_owned(api, body, jobset)
@@ -304,7 +343,7 @@ def jobset_changed(event: Mapping, body: kopf.Body, namespace: str, memo: kopf.M
     again, not even after a conflict: kopf hands one JobSet's events over in order, so any newer
     state comes as a later event and is written by a later call."""
     owner = _owner_ref(body)
-    if owner is None:
+    if owner is None or (event.get("type") == "ADDED" and memo.own_creations.claim(body)):
         record_outcome("ignored")
         return
     api = memo.api_client
