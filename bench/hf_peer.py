@@ -40,7 +40,7 @@ from transformers import (  # noqa: E402
 )
 
 from rosetta_trainer.config import load_document  # noqa: E402
-from rosetta_trainer.data import read_split  # noqa: E402
+from rosetta_trainer.data_checks import read_checked  # noqa: E402
 from rosetta_trainer.distributed import World, pick_device  # noqa: E402
 from rosetta_trainer.evaluate import evaluate_examples, model_inputs  # noqa: E402
 from rosetta_trainer.models import freeze_fixed_positions  # noqa: E402
@@ -121,8 +121,9 @@ def main() -> int:
 
     # Data and tokenizer: the files and tokenizer directory the Rosetta run reads.
     tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer.path)
-    train_examples = read_split(d, "train")
-    validation = read_split(d, "validation")
+    # The same checked and filtered pairs Rosetta trains on (spec.data.checks).
+    data = read_checked(d)
+    train_examples, validation = data.train, data.validation
     validation = validation[: ev.max_samples] if ev.max_samples else validation
     prefix = spec.uses_task_prefix()
 
@@ -173,6 +174,8 @@ def main() -> int:
     summary = {
         "steps": result.global_step,
         "final_loss": next((r["loss"] for r in reversed(trainer.state.log_history) if "loss" in r), None),
+        # Every logged window: (last step, mean loss), as Rosetta's metrics.jsonl has them.
+        "losses": [(r["step"], r["loss"]) for r in trainer.state.log_history if "loss" in r and "step" in r],
         "train_seconds": meter.train_seconds,
         "wall_seconds": time.perf_counter() - started,
         "optimizer": getattr(training_args.optim, "value", str(training_args.optim)),

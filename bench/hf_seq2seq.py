@@ -67,15 +67,27 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="warm-up steps left out of the throughput (default 50)")
     p.add_argument("--log-interval", type=int, default=10, help="Rosetta's logInterval (default 10)")
     p.add_argument("--train-limit", type=int, default=None, help="use at most this many training pairs")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1,
+                   help="initial weights' seed, and the training seed of the first repeat (default 1)")
+    p.add_argument("--same-seed", action="store_true",
+                   help="train every repeat with --seed; by default repeat k uses --seed + k - 1 (data order "
+                        "and dropout), so that the repeats show how much BLEU moves with the data order")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--bf16", action="store_true", help="bf16 autocast in both (default fp32)")
+    p.add_argument("--rosetta-env", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra environment for Rosetta's processes, e.g. ROSETTA_CPU_ALLOCATOR=keep (repeatable)")
+    p.add_argument("--peer-env", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra environment for the peer's processes, e.g. MALLOC_MMAP_MAX_=0 and "
+                        "MALLOC_TRIM_THRESHOLD_=2147483647, glibc's spelling of what ROSETTA_CPU_ALLOCATOR=keep "
+                        "sets (repeatable)")
     p.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "multi30k",
                    help="Multi30k directory with {train,val}.{en,de}.gz (default ../shared/data/multi30k)")
     p.add_argument("--work", type=Path, default=REPO / "runs" / "bench-hf", help="run directories")
     p.add_argument("--results", type=Path, default=REPO / "bench" / "results", help="JSON and markdown output")
     args = p.parse_args(argv)
     args.warmup = args.steps // 10 if args.warmup is None else args.warmup
+    if any("=" not in item for item in [*args.peer_env, *args.rosetta_env]):
+        p.error("--peer-env and --rosetta-env take KEY=VALUE")
     if args.eval_interval % args.log_interval or args.skip_steps % args.log_interval:
         p.error("--eval-interval and --skip-steps must be multiples of --log-interval")
     if args.skip_steps >= args.steps:
@@ -152,9 +164,9 @@ def prepare(args, work: Path) -> tuple[Path, str]:
 # ------------------------------------------------------------------ running
 
 
-def run_process(cmd: list[str], log_path: Path) -> dict:
+def run_process(cmd: list[str], log_path: Path, extra_env: dict | None = None) -> dict:
     """Run one training process; sample the RSS of it and its children every 0.2 s."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(extra_env or {})}
     started = time.perf_counter()
     with log_path.open("w") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -225,17 +237,34 @@ def peer_timeline(out: Path) -> tuple[list[tuple[int, int, float, float]], list[
     return steps, read_jsonl(out / "eval.jsonl")
 
 
+LATE_STEPS = 100
+
+
+def late_loss(losses: list[tuple[int, float]], steps: int) -> float | None:
+    """Mean training loss over the logged windows of the last LATE_STEPS steps.
+
+    One logged window is a poor reading: the Trainer's length-grouped sampler walks each
+    megabatch of 50 batches from the longest sentences to the shortest, so a window's loss
+    depends on where in that walk it falls (its log steps, multiples of 10 and 50, always land
+    at the short end). Over 100 steps both systems see every length.
+    """
+    late = [loss for step, loss in losses if step > steps - LATE_STEPS]
+    return sum(late) / len(late) if late else None
+
+
 def measure(system: str, out: Path, process: dict, args) -> dict:
     windows, evals = (rosetta_timeline if system == "rosetta" else peer_timeline)(out)
     kept = [w for w in windows if w[0] > args.skip_steps]
     tokens, seconds = sum(w[2] for w in kept), sum(w[3] for w in kept)
     reached = next((e for e in evals if e["bleu"] >= args.bleu), None)
+    summary = json.loads((out / "summary.json").read_text())
     if system == "rosetta":
-        summary = json.loads((out / "summary.json").read_text())
-        gpu = max((r.get("gpu_memory_bytes") or 0 for r in read_jsonl(out / "metrics.jsonl")), default=0) or None
+        records = read_jsonl(out / "metrics.jsonl")
+        gpu = max((r.get("gpu_memory_bytes") or 0 for r in records), default=0) or None
+        losses = [(r["step"], r["loss"]) for r in records]
     else:
-        summary = json.loads((out / "summary.json").read_text())
         gpu = summary.get("gpu_memory_bytes")
+        losses = [tuple(pair) for pair in summary.get("losses", [])]
     return {
         "system": system,
         "target_tokens_per_s": tokens / seconds if seconds else None,
@@ -247,7 +276,7 @@ def measure(system: str, out: Path, process: dict, args) -> dict:
         "validation": [{"step": e["step"], "bleu": round(e["bleu"], 2), "train_seconds": round(e["train_seconds"], 1),
                         "eval_seconds": e.get("seconds")} for e in evals],
         "final_bleu": evals[-1]["bleu"] if evals else None,
-        "final_loss": summary.get("final_loss"),
+        "final_loss": late_loss(losses, args.steps),
         "gpu_memory_bytes": gpu,
         **process,
     }
@@ -300,7 +329,8 @@ def markdown(result: dict) -> str:
          f"{fmt(p['seconds_to_bleu'], '.0f')} (step {fmt(p['steps_to_bleu'], '.0f')}, {p['reached_bleu']} runs)",
          fmt(ratios["time_to_bleu_speedup"], ".2f", "x faster")),
         (f"validation BLEU at step {args['steps']}", fmt(r["final_bleu"], ".2f"), fmt(p["final_bleu"], ".2f"), ""),
-        ("final training loss", fmt(r["final_loss"], ".3f"), fmt(p["final_loss"], ".3f"), ""),
+        (f"training loss, mean of the last {LATE_STEPS} steps", fmt(r["final_loss"], ".3f"),
+         fmt(p["final_loss"], ".3f"), ""),
         ("peak RSS, main process (MiB)", fmt(r["peak_rss_main_bytes"] and r["peak_rss_main_bytes"] / mib),
          fmt(p["peak_rss_main_bytes"] and p["peak_rss_main_bytes"] / mib), fmt(ratios["peak_rss_main"], ".2f", "x")),
         ("peak RSS, process tree (MiB)", fmt(r["peak_rss_tree_bytes"] and r["peak_rss_tree_bytes"] / mib),
@@ -314,11 +344,11 @@ def markdown(result: dict) -> str:
     lines = [f"| median of {args['repeats']} runs each | Rosetta | Seq2SeqTrainer | Rosetta / peer |",
              "|---|---|---|---|"]
     lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
-    lines += ["", "| run | system | target tokens/s | validation BLEU by step (training s) | peak RSS main / tree (MiB) | wall s |",
-              "|---|---|---|---|---|---|"]
+    lines += ["", "| run | system | seed | target tokens/s | validation BLEU by step (training s) | peak RSS main / tree (MiB) | wall s |",
+              "|---|---|---|---|---|---|---|"]
     for i, run in enumerate(result["runs"], 1):
         curve = ", ".join(f"{v['step']}: {v['bleu']:.1f} ({v['train_seconds']:.0f})" for v in run["validation"])
-        lines.append(f"| {i} | {run['system']} | {fmt(run['target_tokens_per_s'])} | {curve} | "
+        lines.append(f"| {i} | {run['system']} | {run.get('seed', '')} | {fmt(run['target_tokens_per_s'])} | {curve} | "
                      f"{run['peak_rss_main_bytes'] / mib:,.0f} / {run['peak_rss_tree_bytes'] / mib:,.0f} | "
                      f"{run['wall_seconds']:.0f} |")
     return "\n".join(lines) + "\n"
@@ -350,17 +380,23 @@ def main(argv=None) -> int:
 
     runs = []
     for repeat in range(1, args.repeats + 1):
+        seed = args.seed if args.same_seed else args.seed + repeat - 1
+        document = yaml.safe_load(config.read_text())
+        document["spec"]["training"]["seed"] = seed
+        run_config = work / f"bench-seed{seed}.yaml"
+        run_config.write_text(yaml.safe_dump(document, sort_keys=False))
         for system in SYSTEMS:
             out = work / f"{system}-{repeat}"
             if system == "rosetta":
-                cmd = [sys.executable, "-m", "rosetta_trainer", "train", "-f", str(config), "--output", str(out),
+                cmd = [sys.executable, "-m", "rosetta_trainer", "train", "-f", str(run_config), "--output", str(out),
                        "--no-progress"]
             else:
-                cmd = [sys.executable, str(PEER), "--config", str(config), "--output", str(out)]
+                cmd = [sys.executable, str(PEER), "--config", str(run_config), "--output", str(out)]
             print(f"[{repeat}/{args.repeats}] {system}: {' '.join(cmd)}", flush=True)
             out.mkdir(parents=True)
-            run = measure(system, out, run_process(cmd, out / "stdout.log"), args)
-            run["repeat"] = repeat
+            extra_env = dict(item.split("=", 1) for item in (args.peer_env if system == "peer" else args.rosetta_env))
+            run = measure(system, out, run_process(cmd, out / "stdout.log", extra_env), args)
+            run["repeat"], run["seed"] = repeat, seed
             runs.append(run)
             print(f"    target tokens/s {fmt(run['target_tokens_per_s'])}, BLEU "
                   f"{[v['bleu'] for v in run['validation']]}, seconds to BLEU {args.bleu:g}: "
