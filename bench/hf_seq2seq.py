@@ -88,6 +88,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.warmup = args.steps // 10 if args.warmup is None else args.warmup
     if any("=" not in item for item in [*args.peer_env, *args.rosetta_env]):
         p.error("--peer-env and --rosetta-env take KEY=VALUE")
+    args.env = {"rosetta": dict(item.split("=", 1) for item in args.rosetta_env),
+                "peer": dict(item.split("=", 1) for item in args.peer_env)}
     if args.eval_interval % args.log_interval or args.skip_steps % args.log_interval:
         p.error("--eval-interval and --skip-steps must be multiples of --log-interval")
     if args.skip_steps >= args.steps:
@@ -348,7 +350,7 @@ def markdown(result: dict) -> str:
               "|---|---|---|---|---|---|---|"]
     for i, run in enumerate(result["runs"], 1):
         curve = ", ".join(f"{v['step']}: {v['bleu']:.1f} ({v['train_seconds']:.0f})" for v in run["validation"])
-        lines.append(f"| {i} | {run['system']} | {run.get('seed', '')} | {fmt(run['target_tokens_per_s'])} | {curve} | "
+        lines.append(f"| {i} | {run['system']} | {run['seed']} | {fmt(run['target_tokens_per_s'])} | {curve} | "
                      f"{run['peak_rss_main_bytes'] / mib:,.0f} / {run['peak_rss_tree_bytes'] / mib:,.0f} | "
                      f"{run['wall_seconds']:.0f} |")
     return "\n".join(lines) + "\n"
@@ -379,9 +381,9 @@ def main(argv=None) -> int:
         args.bleu = 10.0 if data_name.startswith("Multi30k") else 50.0
 
     runs = []
+    document = yaml.safe_load(config.read_text())
     for repeat in range(1, args.repeats + 1):
         seed = args.seed if args.same_seed else args.seed + repeat - 1
-        document = yaml.safe_load(config.read_text())
         document["spec"]["training"]["seed"] = seed
         run_config = work / f"bench-seed{seed}.yaml"
         run_config.write_text(yaml.safe_dump(document, sort_keys=False))
@@ -394,8 +396,7 @@ def main(argv=None) -> int:
                 cmd = [sys.executable, str(PEER), "--config", str(run_config), "--output", str(out)]
             print(f"[{repeat}/{args.repeats}] {system}: {' '.join(cmd)}", flush=True)
             out.mkdir(parents=True)
-            extra_env = dict(item.split("=", 1) for item in (args.peer_env if system == "peer" else args.rosetta_env))
-            run = measure(system, out, run_process(cmd, out / "stdout.log", extra_env), args)
+            run = measure(system, out, run_process(cmd, out / "stdout.log", args.env[system]), args)
             run["repeat"], run["seed"] = repeat, seed
             runs.append(run)
             print(f"    target tokens/s {fmt(run['target_tokens_per_s'])}, BLEU "
@@ -407,7 +408,7 @@ def main(argv=None) -> int:
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "data": data_name,
-        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "env"},
         "environment": environment(),
         "runs": runs,
     }

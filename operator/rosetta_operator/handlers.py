@@ -115,24 +115,31 @@ class OwnCreations:
         self._versions: dict[str, str] = {}
         self._lock = threading.Lock()
 
-    def add(self, jobset: Mapping) -> None:
+    @staticmethod
+    def _identity(jobset: Mapping) -> Optional[tuple[str, str]]:
         meta = jobset.get("metadata") or {}
-        if not meta.get("uid") or not meta.get("resourceVersion"):
+        uid, version = meta.get("uid"), meta.get("resourceVersion")
+        return (uid, version) if uid and version else None
+
+    def add(self, jobset: Mapping) -> None:
+        identity = self._identity(jobset)
+        if identity is None:
             return
         with self._lock:
-            self._versions[meta["uid"]] = meta["resourceVersion"]
+            self._versions[identity[0]] = identity[1]
             while len(self._versions) > self.limit:
                 del self._versions[next(iter(self._versions))]  # the oldest (dicts keep insertion order)
 
     def claim(self, jobset: Mapping) -> bool:
         """True (once) when `jobset` is exactly what this process created."""
-        meta = jobset.get("metadata") or {}
-        if not meta.get("uid") or not meta.get("resourceVersion"):
+        identity = self._identity(jobset)
+        if identity is None:
             return False
+        uid, version = identity
         with self._lock:
-            if self._versions.get(meta["uid"]) != meta["resourceVersion"]:
+            if self._versions.get(uid) != version:
                 return False
-            del self._versions[meta["uid"]]
+            del self._versions[uid]
             return True
 
 

@@ -67,7 +67,8 @@ def test_collate_pads_inputs_and_masks_labels():
     assert batch["input_ids"].tolist() == [[5, 6, 1], [7, 1, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
     assert batch["labels"].tolist() == [[8, 1, IGNORE_INDEX, IGNORE_INDEX], [9, 9, 9, 1]]
-    assert batch["target_lengths"].tolist() == [2, 4]
+    assert set(batch) == {"input_ids", "attention_mask", "labels", "counts"}
+    assert batch["counts"][:3].tolist() == [3 + 2 + 2 + 4, 2 + 4, 2]  # tokens, target tokens, sentences
 
 
 def test_collate_counts_tokens_sentences_and_flops():

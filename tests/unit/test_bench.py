@@ -28,6 +28,10 @@ def test_defaults_and_checks(bench):
         bench.parse_args(["--eval-interval", "15"])  # not a multiple of the log interval
     with pytest.raises(SystemExit):
         bench.parse_args(["--steps", "40", "--skip-steps", "50"])
+    env = bench.parse_args(["--peer-env", "MALLOC_MMAP_MAX_=0", "--rosetta-env", "A=b=c"]).env
+    assert env == {"peer": {"MALLOC_MMAP_MAX_": "0"}, "rosetta": {"A": "b=c"}}
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--peer-env", "NO_VALUE"])
 
 
 def test_rosetta_windows_leave_out_validation_time(bench, tmp_path):

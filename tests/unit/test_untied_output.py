@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from transformers import T5Config, T5ForConditionalGeneration
 
 from rosetta_trainer.models import (
-    UNTIED_OUTPUT_FILE, load_pretrained, mark_untied_output, model_from_config, output_is_untied, untie_output_for,
+    load_pretrained, model_from_config, output_is_untied, separate_output_in_config, untie_output_for,
 )
 
 
@@ -46,13 +46,11 @@ def test_pretrained_loading_keeps_the_separate_lm_head_and_saving_keeps_it_too(f
     assert torch.equal(load_pretrained(str(tmp_path / "again")).lm_head.weight, state["lm_head.weight"])
 
 
-def test_a_from_config_model_is_untied_by_the_marker_and_keeps_both_weights(flan_like, tmp_path):
+def test_a_from_config_model_is_untied_by_its_saved_config_and_keeps_both_weights(flan_like, tmp_path):
     path, state = flan_like
     trained = load_pretrained(str(path))
     (tmp_path / "ckpt").mkdir()
-    trained.config.save_pretrained(tmp_path / "ckpt")
-    mark_untied_output(trained, tmp_path / "ckpt")
-    assert (tmp_path / "ckpt" / UNTIED_OUTPUT_FILE).is_file()
+    trained.config.save_pretrained(tmp_path / "ckpt")  # what a DeepSpeed checkpoint's model/ holds
 
     rebuilt = model_from_config(str(tmp_path / "ckpt"))
     assert output_is_untied(rebuilt)
@@ -60,9 +58,10 @@ def test_a_from_config_model_is_untied_by_the_marker_and_keeps_both_weights(flan
     rebuilt.tie_weights(recompute_mapping=False)
     assert torch.equal(rebuilt.lm_head.weight, state["lm_head.weight"])
     assert torch.equal(rebuilt.shared.weight, state["shared.weight"])
-    # Without the marker the same config builds a tied model: the marker is what carries the fact.
-    (tmp_path / "ckpt" / UNTIED_OUTPUT_FILE).unlink()
-    assert not output_is_untied(model_from_config(str(tmp_path / "ckpt")))
+    # A tied T5 (v1.0 style) config, saved the same way, builds a tied model.
+    T5Config(vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_decoder_layers=1, num_heads=4,
+             decoder_start_token_id=0).save_pretrained(tmp_path / "tied")
+    assert not output_is_untied(model_from_config(str(tmp_path / "tied")))
 
 
 def test_untie_from_a_state_dict_only_when_the_weights_differ(flan_like):
@@ -81,11 +80,14 @@ def test_untie_from_a_state_dict_only_when_the_weights_differ(flan_like):
     assert torch.equal(model.lm_head.weight, state["lm_head.weight"])
 
 
-def test_tied_models_write_no_marker(tmp_path):
-    config = T5Config(vocab_size=32, d_model=8, d_kv=2, d_ff=16, num_layers=1, num_heads=4, decoder_start_token_id=0)
-    model = T5ForConditionalGeneration(config)
-    mark_untied_output(model, tmp_path)
-    assert not output_is_untied(model) and not (tmp_path / UNTIED_OUTPUT_FILE).exists()
+def test_which_configs_have_a_separate_output_projection():
+    from transformers import MarianConfig, MT5Config
+
+    assert not separate_output_in_config(T5Config(tie_word_embeddings=True))
+    assert separate_output_in_config(T5Config(tie_word_embeddings=False))
+    assert separate_output_in_config(MT5Config())  # its flag is dropped; every published mT5 is untied
+    assert not separate_output_in_config(MarianConfig(tie_word_embeddings=True))
+    assert separate_output_in_config(MarianConfig(tie_word_embeddings=False))
 
 
 def test_consolidated_deepspeed_weights_keep_the_separate_lm_head(flan_like, tmp_path, monkeypatch):

@@ -109,8 +109,6 @@ def collate(corpus: EncodedCorpus, indices: list[int], pad_id: int, flops=None) 
         "input_ids": input_ids,
         "attention_mask": attention,
         "labels": labels,
-        "source_lengths": torch.tensor(src_lengths),
-        "target_lengths": torch.tensor(tgt_lengths),
         "counts": torch.tensor(counts, dtype=torch.float64),
     }
 

@@ -162,10 +162,7 @@ class DeepSpeedBackend:
         """Collective: every rank writes its shards; rank 0 the config that rebuilds the model."""
         self.engine.save_checkpoint(str(directory), tag=TAG, save_latest=False)
         if self.world.is_main:
-            from rosetta_trainer.models import mark_untied_output
-
             self.module.config.save_pretrained(directory / "model")
-            mark_untied_output(self.module, directory / "model")
             generation = getattr(self.module, "generation_config", None)
             if generation is not None:
                 generation.save_pretrained(directory / "model")

@@ -29,15 +29,16 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
         grad = torch.empty_like(logits)
         total = torch.zeros((), dtype=torch.float32, device=logits.device)
         rows = max(1, CPU_CHUNK_BYTES // (4 * vocab)) if logits.device.type == "cpu" else max(1, n)
+        in_place = grad.dtype == torch.float32  # exp(x - max) then goes straight into the gradient buffer
         for start in range(0, n, rows):
             x = logits[start:start + rows].float()
             y = labels[start:start + rows]
-            valid = (y != ignore_index).unsqueeze(-1)
-            target = y.masked_fill(~valid.squeeze(-1), 0).unsqueeze(-1)
-            weight = valid.to(torch.float32)
+            valid = y != ignore_index
+            target = y.masked_fill(~valid, 0).unsqueeze(-1)
+            weight = valid.unsqueeze(-1).to(torch.float32)
 
-            # exp(x - max) goes straight into the gradient buffer when it is fp32.
-            g = grad[start:start + rows] if grad.dtype == torch.float32 else torch.empty_like(x)
+            out = grad[start:start + rows]
+            g = out if in_place else torch.empty_like(x)
             top = x.amax(dim=-1, keepdim=True)
             torch.sub(x, top, out=g).exp_()
             norm = g.sum(dim=-1, keepdim=True)
@@ -50,8 +51,8 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
             if smoothing:
                 g.sub_(weight * (smoothing / vocab))
             g.scatter_add_(-1, target, weight * -(1 - smoothing))
-            if g.data_ptr() != grad[start:start + rows].data_ptr():
-                grad[start:start + rows].copy_(g)
+            if not in_place:
+                out.copy_(g)
         ctx.save_for_backward(grad)
         ctx.consumed = False
         return total

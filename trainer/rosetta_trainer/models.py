@@ -7,9 +7,7 @@ positions and shared embeddings) and `t5` is a T5Config.
 
 from __future__ import annotations
 
-import json
 import logging
-from pathlib import Path
 from typing import Mapping
 
 import torch
@@ -36,8 +34,6 @@ T5_SIZES = {
 
 # The trained tokenizers use T5's special-token layout; the configs must agree.
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
-# Written next to a saved config whose model has its own output projection (see untie_output).
-UNTIED_OUTPUT_FILE = "rosetta_untied_output.json"
 
 
 def _dims(spec: ModelSpec) -> dict:
@@ -102,8 +98,9 @@ def model_from_config(path: str, attention: str = "sdpa") -> PreTrainedModel:
     """A model with the architecture saved in `path` and fresh weights (to be overwritten)."""
     from transformers import AutoConfig
 
-    model = AutoModelForSeq2SeqLM.from_config(AutoConfig.from_pretrained(path), attn_implementation=attention)
-    if (Path(path) / UNTIED_OUTPUT_FILE).is_file():
+    config = AutoConfig.from_pretrained(path)
+    model = AutoModelForSeq2SeqLM.from_config(config, attn_implementation=attention)
+    if separate_output_in_config(config):
         untie_output(model)
     freeze_fixed_positions(model)
     return model
@@ -120,7 +117,9 @@ def separate_output_in_config(config) -> bool:
     """Whether checkpoints of this config keep their own lm_head, read from the config alone.
 
     T5 configs keep the saved tie_word_embeddings=False of v1.1/flan-T5 as
-    scale_decoder_outputs=False; MT5Config drops the flag, and every published mT5 is untied.
+    scale_decoder_outputs=False, which save_pretrained writes and from_pretrained reads back,
+    so a config Rosetta saved (DeepSpeed checkpoints) still says it; MT5Config drops the flag,
+    and every published mT5 is untied.
     """
     if config.model_type == "mt5":
         return True
@@ -129,9 +128,8 @@ def separate_output_in_config(config) -> bool:
     return not getattr(config, "tie_word_embeddings", True)
 
 
-def _output_weight_name(model: PreTrainedModel) -> str | None:
-    out = model.get_output_embeddings()
-    return next((f"{name}.weight" for name, module in model.named_modules() if module is out), None)
+def _weight_name(model: PreTrainedModel, module) -> str | None:
+    return next((f"{name}.weight" for name, m in model.named_modules() if m is module), None)
 
 
 def output_is_untied(model: PreTrainedModel) -> bool:
@@ -142,10 +140,10 @@ def output_is_untied(model: PreTrainedModel) -> bool:
 def untie_output(model: PreTrainedModel) -> None:
     """Give the output projection its own weight (a copy of the current one), for good: later
     tie_weights() calls and save_pretrained treat it as a separate parameter."""
-    name = _output_weight_name(model)
+    out = model.get_output_embeddings()
+    name = _weight_name(model, out)
     if name is None:
         return
-    out = model.get_output_embeddings()
     if not output_is_untied(model):
         out.weight = torch.nn.Parameter(out.weight.detach().clone(), requires_grad=out.weight.requires_grad)
     tied = getattr(model, "all_tied_weights_keys", None) or {}
@@ -154,16 +152,10 @@ def untie_output(model: PreTrainedModel) -> None:
 
 def untie_output_for(model: PreTrainedModel, state: Mapping[str, torch.Tensor]) -> None:
     """Untie the output projection when `state` (a full state dict) holds a different one."""
-    name, inp = _output_weight_name(model), model.get_input_embeddings()
-    inp_name = next((f"{n}.weight" for n, m in model.named_modules() if m is inp), None)
+    name = _weight_name(model, model.get_output_embeddings())
+    inp_name = _weight_name(model, model.get_input_embeddings())
     if name in state and inp_name in state and not torch.equal(state[name], state[inp_name]):
         untie_output(model)
-
-
-def mark_untied_output(model: PreTrainedModel, config_dir: Path) -> None:
-    """Record next to a saved config that its weights have a separate output projection."""
-    if output_is_untied(model):
-        (Path(config_dir) / UNTIED_OUTPUT_FILE).write_text(json.dumps({"untied_output": True}) + "\n")
 
 
 def freeze_fixed_positions(model: PreTrainedModel) -> None:
