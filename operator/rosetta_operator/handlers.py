@@ -21,6 +21,7 @@ saw the newest JobSet. It patches only when something changed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import datetime
 import functools
@@ -33,7 +34,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import kopf
 import kubernetes
@@ -108,12 +109,31 @@ class OwnCreations:
     load), a 409 for one of the two writers. Bounded: an event that never comes (a watch that
     restarted past it) does not pin memory. Empty after a restart, when every JobSet's ADDED
     event is handled as news.
+
+    The watch can deliver the ADDED event before the POST that caused it has returned here, so a
+    creation is announced by name first (`creating`) and `claim` waits, briefly, for its outcome.
     """
 
-    def __init__(self, limit: int = 4096):
+    def __init__(self, limit: int = 4096, wait_seconds: float = 10.0):
         self.limit = limit
+        self.wait_seconds = wait_seconds
         self._versions: dict[str, str] = {}
+        self._creating: dict[tuple[str, str], threading.Event] = {}
         self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def creating(self, namespace: str, name: str) -> Iterator[None]:
+        """Around the POST of JobSet `namespace/name` and the `add` of what it returned."""
+        key, done = (namespace, name), threading.Event()
+        with self._lock:
+            self._creating[key] = done
+        try:
+            yield
+        finally:
+            with self._lock:
+                if self._creating.get(key) is done:
+                    del self._creating[key]
+            done.set()
 
     @staticmethod
     def _identity(jobset: Mapping) -> Optional[tuple[str, str]]:
@@ -136,6 +156,12 @@ class OwnCreations:
         if identity is None:
             return False
         uid, version = identity
+        meta = jobset["metadata"]
+        with self._lock:
+            pending = self._creating.get((meta.get("namespace"), meta.get("name")))
+        if pending is not None:
+            # Bounded: a POST that hangs must not stall the watch; the event is then handled as news.
+            pending.wait(self.wait_seconds)
         with self._lock:
             if self._versions.get(uid) != version:
                 return False
@@ -262,8 +288,9 @@ def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str, uid: 
         rendered.jobset["metadata"].setdefault("annotations", {})[APPLIED_SPEC] = json.dumps(
             applied_spec, sort_keys=True, separators=(",", ":"))
         ensure_configmap(api, body, rendered.configmap)
-        jobset = create_jobset(api, body, rendered.jobset)
-        memo.own_creations.add(jobset)  # its status is written below, not by its ADDED event
+        with memo.own_creations.creating(namespace, jobset_name):
+            jobset = create_jobset(api, body, rendered.jobset)
+            memo.own_creations.add(jobset)  # its status is written below, not by its ADDED event
         logger.info("created JobSet %s and ConfigMap %s", jobset_name, rendered.names.configmap)
     else:
         _check_owned(api, body, jobset)

@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from support.cluster import REPO, Cluster, wait_for
+from rosetta_operator import handlers
 from rosetta_operator.status import Phase
 
 pytestmark = pytest.mark.integration
@@ -46,6 +47,9 @@ RUNNING_BUDGET = 4
 PER_CONFLICT = 4
 # Long enough for a progress daemon to start and make its first round (it runs at once).
 SETTLE = 2.0
+# How late the JobSet POST's response reaches the operator. Under load the watch delivers the
+# JobSet's ADDED event before it; the test makes that the rule rather than the exception.
+SLOW_POST = 1.0
 
 
 class RequestCounter:
@@ -110,9 +114,21 @@ def describe(calls: Counter, conflicts: int) -> str:
     return f"{sum(calls.values())} requests ({listed}); {conflicts} conflict(s)"
 
 
+def slow_jobset_posts(monkeypatch: pytest.MonkeyPatch) -> None:
+    create = handlers.create_jobset
+
+    def create_jobset(*args, **kwargs):
+        created = create(*args, **kwargs)
+        time.sleep(SLOW_POST)
+        return created
+
+    monkeypatch.setattr(handlers, "create_jobset", create_jobset)
+
+
 def test_one_training_costs_few_api_calls(cluster, namespace, operator, monkeypatch):
     counter = RequestCounter(namespace, ignore=cluster.api)
     counter.install(monkeypatch)
+    slow_jobset_posts(monkeypatch)
 
     cluster.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, training("mt"))
     wait_for(lambda: status(cluster, namespace, "mt").get("phase") == Phase.PENDING, "the first status")

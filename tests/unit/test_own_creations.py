@@ -54,3 +54,50 @@ def test_concurrent_add_and_claim_lose_nothing():
     for t in threads:
         t.join(timeout=30)
     assert claimed == uids
+
+
+def created(namespace: str, name: str, uid: str, version: str) -> dict:
+    return {"metadata": {"namespace": namespace, "name": name, "uid": uid, "resourceVersion": version}}
+
+
+def test_an_added_event_that_overtakes_the_post_waits_for_it():
+    """The watch may deliver ADDED before the POST has returned: the claim waits for the outcome."""
+    own = OwnCreations(wait_seconds=30)
+    posted, result = threading.Event(), []
+    event = created("ns", "mt", "a", "5")
+
+    def reconcile():
+        with own.creating("ns", "mt"):
+            posted.wait(30)  # the POST is still on its way back
+            own.add(event)
+
+    creator = threading.Thread(target=reconcile)
+    creator.start()
+    claimer = threading.Thread(target=lambda: result.append(own.claim(event)))
+    claimer.start()
+    claimer.join(timeout=0.3)
+    assert claimer.is_alive(), "the claim must wait while the JobSet's creation is in flight"
+    posted.set()
+    claimer.join(timeout=30)
+    creator.join(timeout=30)
+    assert result == [True]
+
+
+def test_a_failed_creation_releases_waiting_claims():
+    own = OwnCreations(wait_seconds=30)
+    try:
+        with own.creating("ns", "mt"):
+            raise RuntimeError("POST refused")
+    except RuntimeError:
+        pass
+    # Nothing is pending any more and nothing was added: the event is news, at once.
+    assert not own.claim(created("ns", "mt", "a", "5"))
+
+
+def test_a_hung_creation_stalls_a_claim_for_wait_seconds_only():
+    own = OwnCreations(wait_seconds=0.05)
+    with own.creating("ns", "mt"):
+        assert not own.claim(created("ns", "mt", "a", "5"))
+        # Other JobSets never wait on this one.
+        own.add(created("ns", "other", "b", "1"))
+        assert own.claim(created("ns", "other", "b", "1"))
