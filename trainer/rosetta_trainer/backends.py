@@ -53,6 +53,15 @@ def autocast(precision: str, device: torch.device):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
+def compile_stats() -> dict:
+    """What torch.compile captured in this process: graphs (more than a handful means it kept
+    recompiling) and graph breaks (each one a return to eager Python inside the model)."""
+    from torch._dynamo.utils import counters
+
+    return {"graphs": int(counters["stats"]["unique_graphs"]),
+            "graph_breaks": int(sum(counters["graph_break"].values()))}
+
+
 class DDPBackend:
     """torch DistributedDataParallel (or the bare model in a world of one) with AdamW."""
 

@@ -92,9 +92,6 @@ class DeepSpeedBackend:
         t = spec.training
         cuda = world.device.type == "cuda"
         self.config = deepspeed_config(spec, cuda)
-        if t.compile and world.is_main:
-            log.warning("spec.training.compile is not applied under the DeepSpeed backend (its engine "
-                        "wraps the module's hooks); the model runs eagerly")
         groups = param_groups(model, t.weight_decay)
         client_optimizer = None
         if "optimizer" not in self.config:
@@ -102,6 +99,10 @@ class DeepSpeedBackend:
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, model_parameters=groups, optimizer=client_optimizer,
             lr_scheduler=make_scheduler(spec, total_steps), config=self.config)
+        if t.compile:
+            # The engine's compile, not torch.compile(model) before initialize: it compiles the
+            # module in place, so parameter names (DeepSpeed checkpoints, the export) stay the model's.
+            self.engine.compile()
         self.module = self.engine.module
         self.model = self.engine
         self.zero_stage = self.engine.zero_optimization_stage()  # the overrides may have changed it

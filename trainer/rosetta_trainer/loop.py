@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from rosetta_trainer import batching
-from rosetta_trainer.backends import build_backend
+from rosetta_trainer.backends import build_backend, compile_stats
 from rosetta_trainer.batching import IGNORE_INDEX, EncodedCorpus
 from rosetta_trainer.checkpoint import CheckpointManager, directory_bytes
 from rosetta_trainer.config import TrainerSpec
@@ -344,6 +344,7 @@ class Trainer:
             "world_size": self.world.size,
             "device": str(self.world.device),
             "precision": self.spec.training.precision,
+            "compile": compile_stats() if self.spec.training.compile else None,
             "latest_checkpoint": str(self.checkpoints.root / f"step-{pos.step:08d}"),
             "best_checkpoint": str(best) if best else None,
         }
