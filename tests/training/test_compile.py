@@ -6,16 +6,9 @@ writes into summary.json (`compile`). The runs share one inductor cache, so the 
 run reuses the kernels of the first (the suite's time, not what is tested).
 """
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-import yaml
 
-from support.training import TINY, deep_update, read_jsonl
+from support.training import TINY, deep_update, logged_losses, torchrun_training
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -29,26 +22,10 @@ BASE = deep_update(TINY, {"spec": {
     "model": {"dropout": 0.0},
     "training": {"maxSteps": STEPS},
     "checkpoint": {"interval": STEPS},
+    # Validation once, at the end (atEnd): under DeepSpeed generation runs the compiled module too.
     "evaluation": {"interval": 1000, "maxSamples": 8},
 }})
 DEEPSPEED = {"distributed": {"backend": "deepspeed", "zeroStage": 2}}
-
-
-def train(config: dict, out: Path, tmp: Path) -> dict:
-    """One process under torchrun (DeepSpeed wants a process group); returns its summary."""
-    path = tmp / f"{out.name}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-           "TORCHINDUCTOR_CACHE_DIR": str(tmp / "inductor-cache")}
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-                          "-m", "rosetta_trainer", "train", "-f", str(path), "--output", str(out), "--no-progress"],
-                         capture_output=True, text=True, env=env, timeout=1500)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-4000:]
-    return json.loads((out / "summary.json").read_text())
-
-
-def losses(out: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in read_jsonl(out / "metrics.jsonl")}
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +35,9 @@ def runs(tmp_path_factory):
     for name, spec in {"eager": {}, "ddp": {"training": {"compile": True}},
                        "deepspeed": {"training": {"compile": True}, **DEEPSPEED}}.items():
         out[name] = tmp / name
-        summaries[name] = train(deep_update(BASE, {"spec": spec}), out[name], tmp)
+        # One process under torchrun: DeepSpeed wants a process group.
+        summaries[name] = torchrun_training(deep_update(BASE, {"spec": spec}), out[name], 1,
+                                            env={"TORCHINDUCTOR_CACHE_DIR": str(tmp / "inductor-cache")})
     return {"out": out, "summary": summaries}
 
 
@@ -73,7 +52,7 @@ def test_compiled_model_trains_like_the_eager_one(runs, backend):
     # Captured whole: a graph break is a return to eager Python in the middle of the model.
     assert summary["compile"]["graphs"] >= 1, summary["compile"]
     assert summary["compile"]["graph_breaks"] == 0, summary["compile"]
-    eager, compiled = losses(runs["out"]["eager"]), losses(runs["out"][backend])
+    eager, compiled = logged_losses(runs["out"]["eager"]), logged_losses(runs["out"][backend])
     assert sorted(compiled) == list(range(1, STEPS + 1))
     for step, loss in eager.items():
         assert compiled[step] == pytest.approx(loss, rel=LOSS_RTOL), f"{backend}, step {step}"

@@ -17,7 +17,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from support.training import TINY, deep_update, read_jsonl
+from support.training import TINY, deep_update, logged_losses, read_jsonl, torchrun_training
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
@@ -41,21 +41,6 @@ ZERO3_OFFLOAD = {"distributed": {"backend": "deepspeed", "zeroStage": 3,
                                  "offload": {"optimizer": "cpu", "parameters": "cpu"}}}
 
 
-def torchrun(config: dict, out: Path, tmp: Path, *extra: str) -> dict:
-    path = tmp / f"{out.name}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          "-m", "rosetta_trainer", "train", "-f", str(path), "--output", str(out), "--no-progress",
-                          *extra], capture_output=True, text=True, env=env, timeout=1800)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-4000:]
-    return json.loads((out / "summary.json").read_text())
-
-
-def losses(out: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in read_jsonl(out / "metrics.jsonl")}
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The reference, ZeRO-2, and ZeRO-3+offload in two halves (6 steps, then resumed to 12)."""
@@ -66,19 +51,19 @@ def runs(tmp_path_factory):
                     "ShareMemCommBuilder; CPUAdamBuilder().load(); ShareMemCommBuilder().load()"],
                    check=True, capture_output=True, timeout=1800)
     out = {"ddp": tmp / "ddp", "zero2": tmp / "zero2", "zero3": tmp / "zero3"}
-    summaries = {"ddp": torchrun(BASE, out["ddp"], tmp),
-                 "zero2": torchrun(deep_update(BASE, {"spec": ZERO2}), out["zero2"], tmp)}
+    summaries = {"ddp": torchrun_training(BASE, out["ddp"], 2),
+                 "zero2": torchrun_training(deep_update(BASE, {"spec": ZERO2}), out["zero2"], 2)}
     zero3 = deep_update(BASE, {"spec": ZERO3_OFFLOAD})
-    summaries["zero3-first-half"] = torchrun(zero3, out["zero3"], tmp, "--set", "spec.training.maxSteps=6")
-    summaries["zero3"] = torchrun(zero3, out["zero3"], tmp)
+    summaries["zero3-first-half"] = torchrun_training(zero3, out["zero3"], 2, "--set", "spec.training.maxSteps=6")
+    summaries["zero3"] = torchrun_training(zero3, out["zero3"], 2)
     return {"out": out, "summary": summaries, "tmp": tmp}
 
 
 def test_zero2_and_zero3_offload_track_ddp(runs):
-    reference = losses(runs["out"]["ddp"])
+    reference = logged_losses(runs["out"]["ddp"])
     assert sorted(reference) == list(range(1, STEPS + 1))
     for name in ("zero2", "zero3"):
-        got = losses(runs["out"][name])
+        got = logged_losses(runs["out"][name])
         assert sorted(got) == sorted(reference), name
         for step, loss in reference.items():
             assert got[step] == pytest.approx(loss, rel=LOSS_RTOL), f"{name} step {step}"
@@ -159,9 +144,9 @@ def test_zero3_partitions_pretrained_weights_as_it_loads_them(runs):
     config["spec"]["tokenizer"] = {"path": str(pretrained / "tokenizer")}
     config["spec"]["data"]["taskPrefix"] = True  # as the from-scratch T5 it continues
     out = runs["tmp"] / "pretrained"
-    summary = torchrun(config, out, runs["tmp"])
-    first = losses(out)[1]
-    reference = losses(runs["out"]["ddp"])
+    summary = torchrun_training(config, out, 2)
+    first = logged_losses(out)[1]
+    reference = logged_losses(runs["out"]["ddp"])
     assert first < reference[1] - 0.3, (first, reference)
     assert summary["zero_stage"] == 3 and torch.isfinite(torch.tensor(first))
 

@@ -1,6 +1,7 @@
 """OwnCreations: which JobSet ADDED events the operator may skip (its reconcile writes that status)."""
 
 import threading
+import time
 
 from rosetta_operator.handlers import OwnCreations
 
@@ -85,19 +86,37 @@ def test_an_added_event_that_overtakes_the_post_waits_for_it():
 
 def test_a_failed_creation_releases_waiting_claims():
     own = OwnCreations(wait_seconds=30)
-    try:
-        with own.creating("ns", "mt"):
-            raise RuntimeError("POST refused")
-    except RuntimeError:
-        pass
-    # Nothing is pending any more and nothing was added: the event is news, at once.
-    assert not own.claim(created("ns", "mt", "a", "5"))
+    posting, result = threading.Event(), []
+    event = created("ns", "mt", "a", "5")
+
+    def reconcile():
+        try:
+            with own.creating("ns", "mt"):
+                posting.set()
+                time.sleep(0.3)  # the claim below is waiting by now
+                raise RuntimeError("POST refused")
+        except RuntimeError:
+            pass
+
+    creator = threading.Thread(target=reconcile)
+    creator.start()
+    posting.wait(30)
+    started = time.monotonic()
+    result.append(own.claim(event))
+    creator.join(timeout=30)
+    # Released when the POST failed, not after wait_seconds; nothing was added: the event is news.
+    assert result == [False]
+    assert time.monotonic() - started < 10
 
 
 def test_a_hung_creation_stalls_a_claim_for_wait_seconds_only():
-    own = OwnCreations(wait_seconds=0.05)
+    own = OwnCreations(wait_seconds=0.2)
     with own.creating("ns", "mt"):
+        started = time.monotonic()
         assert not own.claim(created("ns", "mt", "a", "5"))
+        assert time.monotonic() - started >= 0.2  # it did wait for the creation in flight
         # Other JobSets never wait on this one.
+        started = time.monotonic()
         own.add(created("ns", "other", "b", "1"))
         assert own.claim(created("ns", "other", "b", "1"))
+        assert time.monotonic() - started < 0.2
