@@ -24,7 +24,7 @@ DNS1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 VERSION = "v1alpha1"
 KIND = "TranslationTraining"
 PLURAL = "translationtrainings"
-PHASES = ("Pending", "Running", "Suspended", "Restarting", "Succeeded", "Failed")
+PHASES = ("Pending", "Queued", "Running", "Suspended", "Restarting", "Succeeded", "Failed")
 
 # Keywords a CRD schema may carry and that we keep as they are.
 _KEEP = {"type", "description", "enum", "minimum", "maximum", "minLength", "maxLength", "pattern",
@@ -292,7 +292,7 @@ def status_schema() -> dict:
         "updatedAt": _time("When the trainer reported this"),
     })
     condition = _obj("One aspect of the training's state.", {
-        "type": _t("string", "Condition type, e.g. Ready, Running, Succeeded, Failed, Suspended."),
+        "type": _t("string", "Condition type, e.g. Running, Succeeded, Failed, Suspended, Admitted, Scheduled."),
         "status": _t("string", "True, False or Unknown.", enum=["True", "False", "Unknown"]),
         "reason": _t("string", "CamelCase machine-readable reason."),
         "message": _t("string", "Human-readable detail."),
@@ -308,7 +308,9 @@ def status_schema() -> dict:
         "nodes": _t("integer", "Pods in the running JobSet."),
         "gpusPerNode": _t("integer", "GPUs per pod in the running JobSet."),
         "worldSize": _t("integer", "Trainer processes in all."),
-        "restarts": _t("integer", "Times the JobSet restarted the gang."),
+        "restarts": _t("integer", "Gang restarts after a failure; these count towards failurePolicy.maxRestarts."),
+        "preemptions": _t("integer", "Gang restarts after a pod was preempted, evicted or drained "
+                                     "(DisruptionTarget); these do not count towards maxRestarts."),
         "startTime": _time("When the pods first ran"),
         "completionTime": _time("When the training succeeded or failed"),
         "conditions": {"type": "array", "description": "Latest observations, one per type.",
@@ -328,6 +330,9 @@ PRINTER_COLUMNS = [
     {"name": "GPUs/node", "type": "integer", "jsonPath": ".spec.gpusPerNode"},
     {"name": "Progress", "type": "string", "jsonPath": ".status.progress.display"},
     {"name": "BLEU", "type": "number", "jsonPath": ".status.progress.bleu"},
+    # -o wide only: most trainings never restart.
+    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "priority": 1},
+    {"name": "Preemptions", "type": "integer", "jsonPath": ".status.preemptions", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -3,8 +3,11 @@
     TranslationTraining created / resumed / spec changed  →  reconcile()
         invalid spec       → status Failed + condition Valid=False (InvalidSpec) + Warning event; nothing created
         no JobSet yet      → create ConfigMap, then JobSet (owned by the training: deletion is plain GC)
-        JobSet exists      → spec.suspend is copied to it; any other change is refused (SpecChangeRefused)
+        JobSet exists      → an edit of spec.suspend is applied to it (rosetta.dev/applied-suspend says
+                             which value was applied last); any other change is refused (SpecChangeRefused)
     JobSet event (labelled rosetta.dev/training)  →  jobset_changed()  →  status phase and conditions
+    Kueue Workload event (owned by a JobSet)  →  workload_changed()  →  phase Queued / condition Admitted
+    training pod event, PodScheduled changed  →  scheduling_changed()  →  condition Scheduled (+ Warning)
     TranslationTraining Running or Restarting  →  report_progress() daemon, every --progress-interval s:
         rank 0's pod IP → GET :spec.metrics.port/metrics → progress.py → status.progress (on change)
     any TranslationTraining event  →  count_phases()  →  the rosetta_operator_trainings{phase} gauge
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import copy
 import datetime
 import functools
@@ -45,12 +49,15 @@ from rosetta_trainer.config import API_VERSION, KIND, ConfigError, MetricsSpec
 from rosetta_operator import progress as pr
 from rosetta_operator import status as st
 from rosetta_operator.crd import PHASES
-from rosetta_operator.render import TRAINING_LABEL, render
+from rosetta_operator.render import TRAINING_LABEL, render, suspend_patch
 from rosetta_operator.spec import TranslationTrainingSpec, parse_spec, parse_training, plain
 
 GROUP, VERSION = API_VERSION.split("/")
 PLURAL = "translationtrainings"
 JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
+KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_PLURAL = "kueue.x-k8s.io", "v1beta1", "workloads"
+# Kueue labels each Workload with the uid of the job it admits.
+KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 # What the JobSet was built from, minus spec.suspend: the baseline that refused changes are measured
 # against. Kept on the child, not in kopf's diffbase, so that reverting a refused change is recognised
 # and so that it survives operator restarts and kopf's own bookkeeping.
@@ -169,6 +176,31 @@ class OwnCreations:
             return True
 
 
+class Decisions:
+    """The last decision each Kueue Workload said, for at most `limit` of them (the oldest forgotten
+    first): an event that repeats it (Kueue's own bookkeeping) costs no API call."""
+
+    def __init__(self, limit: int = 4096):
+        self.limit = limit
+        self._last: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def changed(self, key: str, value: Any) -> bool:
+        """True, and remembered, when `value` is not what `key` said last."""
+        with self._lock:
+            if key in self._last and self._last[key] == value:
+                return False
+            self._last.pop(key, None)
+            self._last[key] = value
+            while len(self._last) > self.limit:
+                del self._last[next(iter(self._last))]
+            return True
+
+    def forget(self, key: str) -> None:
+        with self._lock:
+            self._last.pop(key, None)
+
+
 def record_outcome(outcome: str) -> None:
     """Name how the running handler call ended (default: ok); the `instrumented` wrapper counts it."""
     _handler_state.outcome = outcome
@@ -230,6 +262,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
     # create handler run again for a training it had just handled: harmless (create is
     # idempotent) but it doubled the backlog under load.
     settings.persistence.consistency_timeout = 60.0
+    # Server-side filters: the cluster's other pods and Workloads never reach this process.
+    settings.watching.label_selectors["v1", "pods"] = TRAINING_LABEL
+    settings.watching.label_selectors[KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_PLURAL] = KUEUE_JOB_UID_LABEL
     # Handlers are synchronous (kubernetes client); threads bound the concurrent API calls.
     settings.execution.max_workers = 8
 
@@ -246,6 +281,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
         kubernetes.config.load_kube_config()
     memo.api_client = kubernetes.client.ApiClient()
     memo.own_creations = OwnCreations()
+    memo.unschedulable_pods = st.UnschedulablePods()
+    memo.workload_decisions = Decisions()
     if memo.get("metrics_port"):
         prometheus_client.start_http_server(memo.metrics_port)
     logger.info("rosetta operator configured (allow_host_path=%s, progress_interval=%ss)",
@@ -306,12 +343,21 @@ def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str, uid: 
         kopf.warn(body, reason=st.Reason.SPEC_CHANGE_REFUSED, message=spec_applied.message)
     else:
         spec_applied = st.Cond(st.ConditionType.SPEC_APPLIED, st.TRUE, st.Reason.SPEC_IN_SYNC)
-    if bool(jobset["spec"].get("suspend")) != training.spec.suspend and not _finished(jobset) \
+    suspend = suspend_patch(jobset, training.spec.suspend)
+    if suspend is not None and not _finished(jobset) \
             and not st.is_data_invalid(body.get("status") or {}):  # stopped for good (observe)
         # Suspend is the one change a JobSet takes while it exists: the JobSet controller stops the
-        # gang's Jobs and recreates them on resume (from the last checkpoint).
-        jobset = set_jobset_suspend(api, namespace, jobset_name, training.spec.suspend)
-        logger.info("JobSet %s: suspend=%s", jobset_name, training.spec.suspend)
+        # gang's Jobs and recreates them on resume (from the last checkpoint). Only the user's edit
+        # is applied, never the same value again: Kueue may have unsuspended it since.
+        if "spec" in suspend and st.queue_of(jobset):
+            # Kueue owns a queued JobSet's suspend (it un-suspends whatever it admitted): the user's
+            # hold goes through Kueue's own switch, the Workload's spec.active, and Kueue stops or
+            # re-queues the gang.
+            hold_in_queue(api, namespace, jobset, training.spec.suspend)
+            suspend = {"metadata": suspend["metadata"]}
+        jobset = patch_jobset(api, namespace, jobset_name, suspend)
+        if "spec" in suspend:
+            logger.info("JobSet %s: suspend=%s", jobset_name, training.spec.suspend)
 
     fixed = {
         "observedGeneration": generation,
@@ -392,9 +438,9 @@ def jobset_changed(event: Mapping, body: kopf.Body, namespace: str, memo: kopf.M
 
 
 def observe(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str, parent: Mapping,
-            current: Mapping, jobset: Optional[Mapping] = None) -> dict:
+            current: Mapping, jobset: Optional[Mapping] = None, workload: Optional[Mapping] = None) -> dict:
     """The desired status for what the JobSet says; `jobset` is one the caller already holds
-    (None: read it here)."""
+    (None: read it here), `workload` Kueue's for it (None: listed here when the JobSet waits for it)."""
     if st.is_data_invalid(current):
         return dict(current)  # failed for good, its JobSet stopped: nothing it does changes that
     if jobset is None:
@@ -409,13 +455,27 @@ def observe(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str, 
             if not _finished(jobset):
                 set_jobset_suspend(api, namespace, jobset_name, True)
             kopf.warn(parent, reason=st.Reason.DATA_CHECK_FAILED, message=message)
-            restarts = int((jobset.get("status") or {}).get("restarts") or 0)
-            observation = st.observe_data_invalid(message, restarts=restarts,
+            failures, preemptions = st.restart_counts(jobset)
+            observation = st.observe_data_invalid(message, restarts=failures, preemptions=preemptions,
                                                   start_time=current.get("startTime"), now=stamp)
             return st.merge_status(current, observation, now=stamp,
                                    generation=parent["metadata"].get("generation"))
+    if jobset is not None and st.queue_of(jobset):
+        # Under a queue the user's hold is Kueue's (hold_in_queue): spec.suspend alone cannot tell
+        # a held training from one created with suspend: true that waits for its turn, and a
+        # JobSet that runs is one Kueue admitted.
+        held = False
+        if (jobset.get("spec") or {}).get("suspend"):
+            if workload is None:
+                workload = get_workload(api, namespace, jobset)
+            held = st.workload_inactive(workload)
+    else:
+        held = bool((parent.get("spec") or {}).get("suspend"))
     observation = st.observe_jobset(jobset, previous_phase=current.get("phase"),
-                                    previous_start_time=current.get("startTime"), now=stamp)
+                                    previous_start_time=current.get("startTime"),
+                                    previous_restarts=current.get("restarts"),
+                                    previous_preemptions=current.get("preemptions"),
+                                    held=held, workload=workload, now=stamp)
     return st.merge_status(current, observation, now=stamp, generation=parent["metadata"].get("generation"))
 
 
@@ -430,6 +490,127 @@ def data_error(api: kubernetes.client.ApiClient, namespace: str, jobset_name: st
                                             namespace, jobset_name, exc.reason)
         return None
     return st.data_invalid_message(api.sanitize_for_serialization(p) for p in pods.items)
+
+
+# ------------------------------------------------------------------ Kueue and the scheduler
+
+
+@kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_PLURAL, labels={KUEUE_JOB_UID_LABEL: kopf.PRESENT})
+@instrumented("workload_changed")
+def workload_changed(event: Mapping, body: kopf.Body, namespace: str, uid: str, memo: kopf.Memo,
+                     **_: Any) -> None:
+    """Kueue admitted, queued or evicted a JobSet: say so now, not at the JobSet's next event
+    (a queued JobSet has none while it waits)."""
+    decisions = memo.workload_decisions
+    ref = next((r for r in body.metadata.get("ownerReferences") or []
+                if r.get("kind") == "JobSet" and r.get("apiVersion", "").startswith(f"{JOBSET_GROUP}/")), None)
+    if event.get("type") == "DELETED" or ref is None:
+        decisions.forget(uid)
+        record_outcome("ignored")
+        return
+    workload = copy.deepcopy(dict(body))
+    if not decisions.changed(uid, st.workload_admission(workload, (body.spec or {}).get("queueName") or "")):
+        record_outcome("ignored")  # Kueue's bookkeeping, not a new decision
+        return
+    api = memo.api_client
+    try:
+        jobset, owner = _jobset_and_training(api, namespace, ref["name"], ref.get("uid"))
+        if owner is None:
+            record_outcome("ignored")
+            return
+        known = _first_attempt_only(jobset)
+        write_status(api, namespace, owner["name"], owner["uid"], lambda parent, current: observe(
+            api, namespace, ref["name"], parent, current, known(), workload))
+    except Exception:
+        decisions.forget(uid)  # the next event of this Workload tries again
+        raise
+
+
+@kopf.on.event("v1", "pods", labels={TRAINING_LABEL: kopf.PRESENT}, id="pod_scheduling")
+async def on_pod_event(event: Mapping, body: kopf.Body, namespace: str, uid: str, memo: kopf.Memo,
+                       **_: Any) -> None:
+    """Async on purpose: nearly every pod event is no news about scheduling (UnschedulablePods says
+    which are), and those should not queue for a worker thread behind the reconciles."""
+    waiting = memo.unschedulable_pods
+    jobset_name = (body.metadata.get("labels") or {}).get(pr.JOBSET_NAME_LABEL)
+    if event.get("type") == "DELETED" or not jobset_name:
+        waiting.forget(uid)
+        return
+    scheduled = waiting.update(uid, (namespace, jobset_name), st.pod_scheduling(body))
+    if scheduled is None:
+        return
+    try:
+        # The worker thread needs this context: kopf.warn finds kopf's event poster in it.
+        await asyncio.get_running_loop().run_in_executor(
+            None, contextvars.copy_context().run, scheduling_changed, memo.api_client, namespace, jobset_name,
+            scheduled)
+    except Exception:
+        waiting.forget(uid)  # the pod's next event tries again
+        raise
+
+
+@instrumented("pod_scheduling")
+def scheduling_changed(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str,
+                       scheduled: st.Cond) -> None:
+    """Fold a gang's Scheduled condition into its training's status; one Warning event when it
+    turns False."""
+    jobset, owner = _jobset_and_training(api, namespace, jobset_name)
+    if owner is None:
+        record_outcome("ignored")
+        return
+    known = _first_attempt_only(jobset)
+    turned: list[Mapping] = []  # the training, when this write turned the condition False
+
+    def compute(parent: Mapping, current: Mapping) -> dict:
+        generation = parent["metadata"].get("generation")
+        conditions = st.upsert_conditions(current.get("conditions") or [], [scheduled], now=now(),
+                                          generation=generation)
+        desired = observe(api, namespace, jobset_name, parent, {**current, "conditions": conditions}, known())
+        before = st.condition(current, st.ConditionType.SCHEDULED) or {}
+        after = st.condition(desired, st.ConditionType.SCHEDULED) or {}
+        turned[:] = [parent] if after.get("status") == st.FALSE != before.get("status") else []
+        return desired
+
+    write_status(api, namespace, owner["name"], owner["uid"], compute)
+    if turned:
+        kopf.warn(turned[0], reason=st.Reason.UNSCHEDULABLE, message=scheduled.message)
+
+
+def _jobset_and_training(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str,
+                         jobset_uid: Optional[str] = None) -> tuple[Optional[dict], Optional[Mapping]]:
+    """The JobSet and the ownerReference of its TranslationTraining; (…, None) when it is not one
+    of ours (or no longer the one `jobset_uid` names)."""
+    jobset = get_jobset(api, namespace, jobset_name)
+    if jobset is None or (jobset_uid and jobset["metadata"].get("uid") != jobset_uid) \
+            or TRAINING_LABEL not in (jobset["metadata"].get("labels") or {}):
+        return jobset, None
+    return jobset, _owner_ref(jobset)
+
+
+def hold_in_queue(api: kubernetes.client.ApiClient, namespace: str, jobset: Mapping, hold: bool) -> None:
+    """Deactivate (hold) or reactivate the Kueue Workload of a queued JobSet."""
+    workload = get_workload(api, namespace, jobset)
+    if workload is None:
+        # Kueue makes the Workload moments after the JobSet; the edit is applied once it exists.
+        raise kopf.TemporaryError(f"Kueue has no Workload for JobSet {jobset['metadata']['name']} yet", delay=2)
+    kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        KUEUE_GROUP, KUEUE_VERSION, namespace, WORKLOAD_PLURAL, workload["metadata"]["name"],
+        {"spec": {"active": not hold}})
+
+
+def get_workload(api: kubernetes.client.ApiClient, namespace: str, jobset: Mapping) -> Optional[dict]:
+    """Kueue's Workload for the JobSet, None when there is none yet or Kueue is not installed."""
+    try:
+        listed = kubernetes.client.CustomObjectsApi(api).list_namespaced_custom_object(
+            KUEUE_GROUP, KUEUE_VERSION, namespace, WORKLOAD_PLURAL,
+            label_selector=f"{KUEUE_JOB_UID_LABEL}={jobset['metadata'].get('uid')}")
+    except ApiException as exc:
+        if exc.status != 404:  # 404: no Kueue in this cluster, the queue label is only a label
+            logging.getLogger(__name__).warning("cannot list the Kueue Workloads in %s: %s", namespace, exc.reason)
+        return None
+    items = listed.get("items") or []
+    # A re-created Workload (e.g. after its JobSet's spec changed) replaces the older one.
+    return max(items, key=lambda w: w["metadata"].get("creationTimestamp") or "", default=None)
 
 
 # ------------------------------------------------------------------------ phase gauge
@@ -656,10 +837,15 @@ def ensure_configmap(api: kubernetes.client.ApiClient, owner: kopf.Body, configm
         core.patch_namespaced_config_map(name, namespace, {"data": configmap.get("data")})
 
 
-def set_jobset_suspend(api: kubernetes.client.ApiClient, namespace: str, name: str, suspend: bool) -> dict:
+def patch_jobset(api: kubernetes.client.ApiClient, namespace: str, name: str, patch: dict) -> dict:
     """Returns the patched JobSet."""
     return kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
-        JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, name, {"spec": {"suspend": suspend}})
+        JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, name, patch)
+
+
+def set_jobset_suspend(api: kubernetes.client.ApiClient, namespace: str, name: str, suspend: bool) -> dict:
+    """Returns the patched JobSet."""
+    return patch_jobset(api, namespace, name, {"spec": {"suspend": suspend}})
 
 
 def _check_owned(api: kubernetes.client.ApiClient, owner: kopf.Body, child: Mapping) -> None:

@@ -29,6 +29,17 @@ RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
 TRAINING_LABEL = "rosetta.dev/training"
+# The spec.suspend the user asked for that the operator last applied to the JobSet. Not the
+# JobSet's own spec.suspend: Kueue flips that on admission and eviction, and a reconcile must
+# not take Kueue's decision back (an operator restart re-suspended every admitted gang).
+APPLIED_SUSPEND = "rosetta.dev/applied-suspend"
+# The kubelet, the eviction API, the taint manager and preemption (the scheduler's or Kueue's)
+# mark a pod they take away with this condition; the Job's pod failure policy then fails the Job
+# with this reason, and the JobSet's rule of this name restarts the gang without counting it.
+DISRUPTION_TARGET = "DisruptionTarget"
+POD_FAILURE_POLICY_REASON = "PodFailurePolicy"
+PREEMPTION_RULE = "preemption"
+PREEMPTION_ACTION = "RestartJobSetAndIgnoreMaxRestarts"
 BASE_LABELS = {"app.kubernetes.io/name": "rosetta", "app.kubernetes.io/managed-by": "rosetta-operator"}
 # Stands for the random suffix the Job controller appends to each pod name: JobSet's admission
 # webhook counts it when it checks that the longest pod name is a DNS-1035 label.
@@ -115,6 +126,47 @@ def owner_references(owner: dict | None) -> list[dict]:
                  "name": meta["name"], "uid": meta["uid"]}
     return [{"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": owner["name"],
              "uid": owner["uid"], "controller": True, "blockOwnerDeletion": True}]
+
+
+def jobset_suspend(spec: TranslationTrainingSpec) -> bool:
+    """Kueue admits only what is created suspended, and unsuspends it when quota allows; under a
+    queue, spec.suspend is the user's hold on top of that."""
+    return spec.suspend or bool(spec.scheduling.queue_name)
+
+
+def suspend_value(suspend: bool) -> str:
+    return "true" if suspend else "false"
+
+
+def suspend_patch(jobset: dict, suspend: bool) -> dict | None:
+    """The JobSet patch that applies the training's spec.suspend, or None.
+
+    Only a change of the user's value since it was last applied (APPLIED_SUSPEND) touches the
+    JobSet's spec.suspend. A JobSet without the annotation (an older operator's) gets the
+    training's value recorded and keeps its suspend: without a record, a user's edit and Kueue's
+    admission look alike, and a resume must never re-suspend a gang that Kueue admitted.
+    """
+    recorded = (jobset["metadata"].get("annotations") or {}).get(APPLIED_SUSPEND)
+    if recorded == suspend_value(suspend):
+        return None
+    patch: dict = {"metadata": {"annotations": {APPLIED_SUSPEND: suspend_value(suspend)}}}
+    if recorded is not None:
+        patch["spec"] = {"suspend": suspend}
+    return patch
+
+
+def pod_failure_policy() -> dict:
+    """A pod the cluster took away fails its Job at once, with a reason the JobSet can tell apart."""
+    return {"rules": [{"action": "FailJob",
+                       "onPodConditions": [{"type": DISRUPTION_TARGET, "status": "True"}]}]}
+
+
+def failure_policy(spec: TranslationTrainingSpec) -> dict:
+    """Preemption restarts the gang without using up maxRestarts; any other failure falls through
+    to the JobSet's default, RestartJobSet, which counts."""
+    return {"maxRestarts": spec.failure_policy.max_restarts,
+            "rules": [{"name": PREEMPTION_RULE, "action": PREEMPTION_ACTION,
+                       "onJobFailureReasons": [POD_FAILURE_POLICY_REASON]}]}
 
 
 def output_mount(spec: TranslationTrainingSpec) -> str:
@@ -351,7 +403,7 @@ def render(name: str, namespace: str, spec: TranslationTrainingSpec, owner: dict
     jobset_labels = dict(labels)
     if spec.scheduling.queue_name:
         jobset_labels[KUEUE_QUEUE_LABEL] = spec.scheduling.queue_name
-    annotations = {}
+    annotations = {APPLIED_SUSPEND: suspend_value(spec.suspend)}
     if spec.scheduling.exclusive_topology:
         annotations[EXCLUSIVE_TOPOLOGY] = spec.scheduling.exclusive_topology
     pod_volumes, mounts = volumes(spec, names)
@@ -360,6 +412,7 @@ def render(name: str, namespace: str, spec: TranslationTrainingSpec, owner: dict
     jobset = _render_template(
         "jobset.yaml.j2", spec=spec, names=names, namespace=namespace, labels=labels,
         jobset_labels=jobset_labels, jobset_annotations=annotations, owner_references=owners,
+        suspend=jobset_suspend(spec), failure_policy=failure_policy(spec), pod_failure_policy=pod_failure_policy(),
         pod_annotations={"kubectl.kubernetes.io/default-container": "trainer"},
         image_pull_secrets=[{"name": s} for s in spec.image_pull_secrets],
         node_selector=node_selector, tolerations=tolerations,

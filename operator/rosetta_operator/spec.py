@@ -296,7 +296,8 @@ class SchedulingSpec(Model):
     priority_class_name: Optional[str] = Field(None, max_length=253, description="PriorityClass of the pods.")
     queue_name: Optional[str] = Field(
         None, max_length=63, pattern=DNS1123_LABEL,
-        description="Kueue LocalQueue; sets the kueue.x-k8s.io/queue-name label (use with suspend: true).",
+        description="Kueue LocalQueue; sets the kueue.x-k8s.io/queue-name label and creates the JobSet "
+                    "suspended, for Kueue to start when it admits the whole gang.",
     )
     exclusive_topology: Optional[str] = Field(
         None, max_length=317,
@@ -309,7 +310,9 @@ class SchedulingSpec(Model):
 
 class FailurePolicySpec(Model):
     max_restarts: int = Field(
-        3, ge=0, le=1000, description="Restart the whole JobSet this many times after a pod fails."
+        3, ge=0, le=1000,
+        description="Restart the whole JobSet this many times after a pod fails. Restarts after a preemption, "
+                    "eviction or drain (the pod's DisruptionTarget condition) do not count.",
     )
 
 
@@ -388,7 +391,10 @@ class TranslationTrainingSpec(TrainerSpec):
                     "writes to an emptyDir and a restart starts over.",
     )
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="Where the pods may run.")
-    suspend: bool = Field(False, description="Create the JobSet suspended (Kueue admits it) or pause a run.")
+    suspend: bool = Field(
+        False, description="Hold the training: create its JobSet suspended, or pause a running one. Not needed "
+                           "with scheduling.queueName, which creates it suspended for Kueue to admit.",
+    )
     failure_policy: FailurePolicySpec = Field(
         default_factory=FailurePolicySpec, description="Whole-gang restarts after a failure."
     )

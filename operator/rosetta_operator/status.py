@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional
 
 from rosetta_trainer.data_checks import TERMINATION_PREFIX
+from rosetta_operator.render import KUEUE_QUEUE_LABEL, PREEMPTION_ACTION
 
 
 class Phase:
     PENDING = "Pending"
+    QUEUED = "Queued"          # Kueue keeps the JobSet suspended until it admits the whole gang
     RUNNING = "Running"
     SUSPENDED = "Suspended"
     RESTARTING = "Restarting"
@@ -34,6 +36,8 @@ class ConditionType:
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     DATA_INVALID = "DataInvalid"   # the trainer rejected the training data; set only when True
+    ADMITTED = "Admitted"          # Kueue admitted the JobSet; set only with scheduling.queueName
+    SCHEDULED = "Scheduled"        # no pod waits for a node; set once a pod was unschedulable
 
     # The conditions that mirror the JobSet; always all present so `kubectl wait` never sees a gap.
     FROM_JOBSET = (RUNNING, SUSPENDED, SUCCEEDED, FAILED)
@@ -57,6 +61,10 @@ class Reason:
     JOBSET_FAILED = "JobSetFailed"
     NOT_FINISHED = "NotFinished"
     DATA_CHECK_FAILED = "DataCheckFailed"
+    QUEUED = "Queued"
+    ADMITTED = "Admitted"
+    UNSCHEDULABLE = "Unschedulable"
+    SCHEDULED = "Scheduled"
 
 
 TRUE, FALSE = "True", "False"
@@ -90,7 +98,8 @@ class Observation:
     phase: str
     message: Optional[str]           # None: keep the current message
     conditions: tuple[Cond, ...]
-    restarts: Optional[int] = None   # None: keep the current count
+    restarts: Optional[int] = None   # failures that counted towards maxRestarts; None: keep the count
+    preemptions: Optional[int] = None  # restarts that did not (DisruptionTarget); None: keep the count
     start_time: Optional[str] = None
     completion_time: Optional[str] = None
     fields: Mapping[str, Any] = field(default_factory=dict)
@@ -145,13 +154,102 @@ def _jobset_conditions(running: Cond, suspended: Cond, succeeded: Cond, failed: 
     return (running, suspended, succeeded, failed)
 
 
+def restart_counts(jobset: Mapping) -> tuple[int, int]:
+    """(failures, preemptions): the JobSet's restarts that counted towards failurePolicy.maxRestarts,
+    and those its preemption rule (RestartJobSetAndIgnoreMaxRestarts) let through for free.
+
+    restartsCountTowardsMax is omitted when 0, and a JobSet controller older than the field never
+    writes it; only a JobSet that has a rule which ignores maxRestarts can have restarts that did
+    not count, so without one every restart is a failure.
+    """
+    status = jobset.get("status") or {}
+    restarts = int(status.get("restarts") or 0)
+    counted = status.get("restartsCountTowardsMax")
+    if counted is None:
+        rules = ((jobset.get("spec") or {}).get("failurePolicy") or {}).get("rules") or []
+        counted = 0 if any(r.get("action") == PREEMPTION_ACTION for r in rules) else restarts
+    failures = min(int(counted), restarts)
+    return failures, restarts - failures
+
+
+def _restart_message(jobset: Mapping, failures: int, preemptions: int, previous_restarts: Optional[int],
+                     previous_preemptions: Optional[int], ready_text: str) -> str:
+    """`restart 3 after a preemption: 0/1 jobs ready (failures 1/3, preemptions 2)`. The cause is
+    the one counter that grew since the previous status, else the only kind there has been; when
+    neither tells (both kinds, no growth seen) it is left out rather than guessed."""
+    grew_preemptions = preemptions > int(previous_preemptions or 0)
+    grew_failures = failures > int(previous_restarts or 0)
+    if grew_preemptions != grew_failures:
+        cause = " after a preemption" if grew_preemptions else " after a failure"
+    elif not (failures and preemptions):
+        cause = " after a preemption" if preemptions else " after a failure"
+    else:
+        cause = ""
+    limit = ((jobset.get("spec") or {}).get("failurePolicy") or {}).get("maxRestarts")
+    budget = f"{failures}/{limit}" if limit is not None else str(failures)
+    return f"restart {failures + preemptions}{cause}: {ready_text} (failures {budget}, preemptions {preemptions})"
+
+
+def queue_of(jobset: Mapping) -> Optional[str]:
+    """The Kueue LocalQueue the JobSet was submitted to (the label render.py sets)."""
+    return ((jobset.get("metadata") or {}).get("labels") or {}).get(KUEUE_QUEUE_LABEL)
+
+
+def workload_inactive(workload: Optional[Mapping]) -> bool:
+    """Kueue holds a Workload whose spec.active is false: nothing of it is admitted or queued."""
+    return workload is not None and (workload.get("spec") or {}).get("active") is False
+
+
+def waits_for_kueue(jobset: Mapping, held: bool) -> bool:
+    """Suspended under a queue without the user asking: Kueue has not admitted it (or took it back)."""
+    return bool(queue_of(jobset)) and not held and bool((jobset.get("spec") or {}).get("suspend"))
+
+
+def _kueue_condition(workload: Mapping, type_: str) -> Optional[Mapping]:
+    for cond in (workload.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == type_:
+            return cond
+    return None
+
+
+def _admitted(queue: str) -> Cond:
+    # The same words whether a Workload or a running JobSet said it: one status, no flip-flop.
+    return Cond(ConditionType.ADMITTED, TRUE, Reason.ADMITTED, f"admitted by Kueue (LocalQueue {queue})")
+
+
+def workload_admission(workload: Optional[Mapping], queue: str) -> Cond:
+    """Kueue's decision on a JobSet's Workload (kueue.x-k8s.io/v1beta1) as our Admitted condition.
+
+    While it waits, the message is Kueue's own reason, preferring what it waits for now (no quota
+    reserved: which resource and how much is missing) over how it got there (evicted, preempted).
+    """
+    where = f"LocalQueue {queue}"
+    if workload is None:
+        return Cond(ConditionType.ADMITTED, FALSE, Reason.QUEUED, f"queued in {where}: waiting for Kueue")
+    admitted = _kueue_condition(workload, "Admitted")
+    if _is_true(admitted):
+        return _admitted(queue)
+    reserved = _kueue_condition(workload, "QuotaReserved")
+    evicted = _kueue_condition(workload, "Evicted")
+    candidates = ((reserved or {}).get("status") == FALSE and reserved,
+                  _is_true(evicted) and evicted,
+                  admitted)
+    why = next((c.get("message") for c in candidates if c and c.get("message")), "waiting for Kueue")
+    return Cond(ConditionType.ADMITTED, FALSE, Reason.QUEUED, truncate(f"queued in {where}: {why}"))
+
+
 def observe_jobset(jobset: Optional[Mapping], *, previous_phase: Optional[str] = None,
-                   previous_start_time: Optional[str] = None, now: str = "") -> Observation:
+                   previous_start_time: Optional[str] = None, previous_restarts: Optional[int] = None,
+                   previous_preemptions: Optional[int] = None, held: bool = False,
+                   workload: Optional[Mapping] = None, now: str = "") -> Observation:
     """Map a JobSet (spec + status, as read from the API) to our phase and conditions.
 
     Precedence follows what a user would want to know first: finished beats suspended beats
-    restarting beats running. `jobset=None` means it is gone: after a finish that is the JobSet's own
-    ttlSecondsAfterFinished and changes nothing; before, somebody deleted it and training is lost.
+    queued beats restarting beats running. `jobset=None` means it is gone: after a finish that is
+    the JobSet's own ttlSecondsAfterFinished and changes nothing; before, somebody deleted it and
+    training is lost. `held` says the user holds the training: its spec.suspend, or under a queue
+    its Workload held inactive (see handlers.observe); Kueue's decision is `workload` (None: not
+    known).
     """
     not_suspended = Cond(ConditionType.SUSPENDED, FALSE, Reason.NOT_SUSPENDED)
     not_succeeded = Cond(ConditionType.SUCCEEDED, FALSE, Reason.NOT_FINISHED)
@@ -169,12 +267,14 @@ def observe_jobset(jobset: Optional[Mapping], *, previous_phase: Optional[str] =
             start_time=previous_start_time, completion_time=now or None,
         )
 
-    status = jobset.get("status") or {}
-    restarts = int(status.get("restarts") or 0)
+    failures, preemptions = restart_counts(jobset)
     counts = job_counts(jobset)
     expected = expected_jobs(jobset)
     ready_text = f"{counts['ready']}/{expected} jobs ready"
     start_time = previous_start_time
+    queue = queue_of(jobset)
+    # A JobSet that runs under a queue was admitted; one that waits says why below.
+    admitted = (_admitted(queue),) if queue else ()
 
     completed = _jobset_condition(jobset, "Completed")
     failed = _jobset_condition(jobset, "Failed")
@@ -186,7 +286,7 @@ def observe_jobset(jobset: Optional[Mapping], *, previous_phase: Optional[str] =
                                not_suspended,
                                Cond(ConditionType.SUCCEEDED, TRUE, Reason.JOBSET_COMPLETED, message),
                                not_failed),
-            restarts, start_time, completed.get("lastTransitionTime") or now or None,
+            failures, preemptions, start_time, completed.get("lastTransitionTime") or now or None,
         )
     if _is_true(failed):
         # JobSet reasons (FailedJobs, ReachedMaxRestarts, …) say why; keep them in our message.
@@ -196,11 +296,23 @@ def observe_jobset(jobset: Optional[Mapping], *, previous_phase: Optional[str] =
             _jobset_conditions(Cond(ConditionType.RUNNING, FALSE, Reason.JOBSET_FAILED, truncate(message)),
                                not_suspended, not_succeeded,
                                Cond(ConditionType.FAILED, TRUE, Reason.JOBSET_FAILED, truncate(message))),
-            restarts, start_time, failed.get("lastTransitionTime") or now or None,
+            failures, preemptions, start_time, failed.get("lastTransitionTime") or now or None,
         )
 
-    suspend_requested = bool((jobset.get("spec") or {}).get("suspend"))
-    if suspend_requested or _is_true(_jobset_condition(jobset, "Suspended")):
+    if waits_for_kueue(jobset, held):
+        queued = workload_admission(workload, queue or "")
+        if queued.status == FALSE:
+            return Observation(
+                Phase.QUEUED, queued.message,
+                (*_jobset_conditions(Cond(ConditionType.RUNNING, FALSE, Reason.QUEUED, queued.message),
+                                     not_suspended, not_succeeded, not_failed), queued),
+                failures, preemptions, start_time,
+            )
+        # Admitted, and Kueue is about to unsuspend it: starting, as below.
+
+    suspend_requested = bool((jobset.get("spec") or {}).get("suspend")) and not waits_for_kueue(jobset, held)
+    kueue_resumed = bool(queue) and not held  # Kueue unsuspended it: starting, not the user's resume
+    if suspend_requested or (_is_true(_jobset_condition(jobset, "Suspended")) and not kueue_resumed):
         # spec.suspend is ours (we patch it); the condition is the JobSet controller catching up.
         reason = Reason.SUSPEND_REQUESTED if suspend_requested else Reason.RESUMING
         message = "suspended: jobs are stopped" if suspend_requested else "resuming: waiting for the JobSet controller"
@@ -209,20 +321,21 @@ def observe_jobset(jobset: Optional[Mapping], *, previous_phase: Optional[str] =
             _jobset_conditions(Cond(ConditionType.RUNNING, FALSE, reason, message),
                                Cond(ConditionType.SUSPENDED, TRUE, reason, message),
                                not_succeeded, not_failed),
-            restarts, start_time,
+            failures, preemptions, start_time,
         )
 
     if expected and counts["ready"] >= expected:
         message = f"running: {ready_text}"
         return Observation(
             Phase.RUNNING, message,
-            _jobset_conditions(Cond(ConditionType.RUNNING, TRUE, Reason.ALL_JOBS_READY, message),
-                               not_suspended, not_succeeded, not_failed),
-            restarts, start_time or now or None,
+            (*_jobset_conditions(Cond(ConditionType.RUNNING, TRUE, Reason.ALL_JOBS_READY, message),
+                                 not_suspended, not_succeeded, not_failed), *admitted),
+            failures, preemptions, start_time or now or None,
         )
 
-    if restarts:
-        message = f"restart {restarts}: {ready_text}"
+    if failures or preemptions:
+        message = _restart_message(jobset, failures, preemptions, previous_restarts, previous_preemptions,
+                                   ready_text)
         reason = Reason.RESTARTING
         phase = Phase.RESTARTING
     else:
@@ -231,9 +344,9 @@ def observe_jobset(jobset: Optional[Mapping], *, previous_phase: Optional[str] =
         phase = Phase.PENDING
     return Observation(
         phase, message,
-        _jobset_conditions(Cond(ConditionType.RUNNING, FALSE, reason, message),
-                           not_suspended, not_succeeded, not_failed),
-        restarts, start_time,
+        (*_jobset_conditions(Cond(ConditionType.RUNNING, FALSE, reason, message),
+                             not_suspended, not_succeeded, not_failed), *admitted),
+        failures, preemptions, start_time,
     )
 
 
@@ -241,13 +354,13 @@ def observe_jobset(jobset: Optional[Mapping], *, previous_phase: Optional[str] =
 
 
 def shows_failure(jobset: Mapping, previous_restarts: Optional[int]) -> bool:
-    """A job failed, the JobSet failed, or it restarted since we last looked: the moment to ask
-    the pods why (the JobSet says only that a job failed)."""
-    status = jobset.get("status") or {}
+    """A job failed, the JobSet failed, or it restarted after a failure since we last looked
+    (`previous_restarts`: status.restarts, which counts failures only): the moment to ask the pods
+    why (the JobSet says only that a job failed). A preemption is no data error."""
     if _is_true(_jobset_condition(jobset, "Completed")):
         return False
     return (job_counts(jobset)["failed"] > 0 or _is_true(_jobset_condition(jobset, "Failed"))
-            or int(status.get("restarts") or 0) > int(previous_restarts or 0))
+            or restart_counts(jobset)[0] > int(previous_restarts or 0))
 
 
 def data_invalid_message(pods: Iterable[Mapping]) -> Optional[str]:
@@ -267,8 +380,8 @@ def is_data_invalid(status: Mapping) -> bool:
     return _is_true(condition(status, ConditionType.DATA_INVALID))
 
 
-def observe_data_invalid(message: str, *, restarts: Optional[int] = None, start_time: Optional[str] = None,
-                         now: str = "") -> Observation:
+def observe_data_invalid(message: str, *, restarts: Optional[int] = None, preemptions: Optional[int] = None,
+                         start_time: Optional[str] = None, now: str = "") -> Observation:
     """Failed for good: the same data fails every restart, so the gang is stopped, not retried."""
     reason = Reason.DATA_CHECK_FAILED
     return Observation(
@@ -278,8 +391,68 @@ def observe_data_invalid(message: str, *, restarts: Optional[int] = None, start_
          Cond(ConditionType.SUCCEEDED, FALSE, Reason.NOT_FINISHED),
          Cond(ConditionType.FAILED, TRUE, reason, message),
          Cond(ConditionType.DATA_INVALID, TRUE, reason, message)),
-        restarts, start_time, now or None,
+        restarts, preemptions, start_time, now or None,
     )
+
+
+# -------------------------------------------------------------------------- scheduling
+
+
+def pod_scheduling(pod: Mapping) -> Optional[Cond]:
+    """The scheduler's verdict on one pod as a Scheduled condition: False with its message
+    (`0/4 nodes are available: 4 Insufficient nvidia.com/gpu.`) while no node fits, True once the
+    pod is bound, None before a verdict or while a scheduling gate (Kueue's) holds it back."""
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") != "PodScheduled":
+            continue
+        if cond.get("status") == TRUE:
+            return Cond(ConditionType.SCHEDULED, TRUE, Reason.SCHEDULED, "every pod is scheduled")
+        if cond.get("reason") == "Unschedulable":
+            return Cond(ConditionType.SCHEDULED, FALSE, Reason.UNSCHEDULABLE,
+                        truncate(cond.get("message") or "no node fits the pod"))
+    return None
+
+
+class UnschedulablePods:
+    """Pods last seen unschedulable, by uid, with their gang (namespace, JobSet) and the
+    scheduler's message: what makes a pod event news, and which pods of a gang still wait.
+
+    Only waiting pods are kept, so a gang that is scheduled at once costs nothing. Bounded, the
+    oldest forgotten first: a forgotten pod's next verdict is news again. Not thread-safe: one
+    event loop calls it.
+    """
+
+    def __init__(self, limit: int = 4096):
+        self.limit = limit
+        self._pods: dict[str, tuple[tuple[str, str], str]] = {}
+
+    def update(self, uid: str, gang: tuple[str, str], verdict: Optional[Cond]) -> Optional[Cond]:
+        """The gang's Scheduled condition after this pod's verdict; None: nothing new to write."""
+        if verdict is None:
+            return None
+        last = self._pods.pop(uid, None)
+        if verdict.status == FALSE:
+            self._pods[uid] = (gang, verdict.message)  # (re)inserted last: the newest
+            while len(self._pods) > self.limit:
+                del self._pods[next(iter(self._pods))]
+            if last == (gang, verdict.message):
+                return None
+            others = [m for u, (g, m) in self._pods.items() if g == gang and u != uid]
+            # The gang's other pods wait for the same reason: the training says so already.
+            return None if verdict.message in others else verdict
+        if last is None:
+            return None  # bound, and never seen waiting: nothing to take back
+        return self.waiting(gang) or verdict
+
+    def waiting(self, gang: tuple[str, str]) -> Optional[Cond]:
+        """Why a pod of this gang still waits for a node, if one does."""
+        for known, message in self._pods.values():
+            if known == gang:
+                return Cond(ConditionType.SCHEDULED, FALSE, Reason.UNSCHEDULABLE, message)
+        return None
+
+    def forget(self, uid: str) -> None:
+        self._pods.pop(uid, None)
 
 
 # -------------------------------------------------------------------------- conditions
@@ -320,16 +493,29 @@ def condition(status: Mapping, type_: str) -> Optional[Mapping]:
 
 def merge_status(current: Mapping, observation: Observation, *, now: str,
                  generation: Optional[int] = None) -> dict:
-    """The whole desired status: `current` with the observation folded in."""
+    """The whole desired status: `current` with the observation folded in.
+
+    A Scheduled=False condition (the pod watch's) shows in the message while pods should be
+    starting, and turns True once every job is ready: no pod can be waiting for a node then.
+    """
     desired = dict(current or {})
     desired["phase"] = observation.phase
     if observation.message is not None:
         desired["message"] = observation.message
-    if observation.conditions:
+    updates = list(observation.conditions)
+    unscheduled = condition(desired, ConditionType.SCHEDULED)
+    if unscheduled is not None and unscheduled.get("status") == FALSE:
+        if observation.phase == Phase.RUNNING:
+            updates.append(Cond(ConditionType.SCHEDULED, TRUE, Reason.SCHEDULED, "every pod is scheduled"))
+        elif observation.phase in (Phase.PENDING, Phase.RESTARTING) and observation.message is not None:
+            desired["message"] = truncate(f"{observation.message}; unschedulable: {unscheduled.get('message')}")
+    if updates:
         desired["conditions"] = upsert_conditions(
-            desired.get("conditions") or [], observation.conditions, now=now, generation=generation)
+            desired.get("conditions") or [], updates, now=now, generation=generation)
     if observation.restarts is not None:
         desired["restarts"] = observation.restarts
+    if observation.preemptions is not None:
+        desired["preemptions"] = observation.preemptions
     if observation.start_time:
         desired["startTime"] = observation.start_time
     if observation.completion_time and not desired.get("completionTime"):

@@ -47,7 +47,8 @@ def jobset(cluster: Cluster, namespace: str, name: str) -> dict:
 
 def play_jobset(cluster: Cluster, namespace: str, name: str, *, active: int, failed: int, restarts: int = 0) -> None:
     cluster.custom.patch_namespaced_custom_object_status(JS_GROUP, JS_VERSION, namespace, JS_PLURAL, name, {
-        "status": {"restarts": restarts, "replicatedJobsStatus": [
+        # A failure's restart, as the JobSet controller counts it (a preemption's would not count).
+        "status": {"restarts": restarts, "restartsCountTowardsMax": restarts, "replicatedJobsStatus": [
             {"name": "node", "ready": 0, "active": active, "succeeded": 0, "failed": failed, "suspended": 0}]}})
 
 

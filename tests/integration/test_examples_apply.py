@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from support.cluster import REPO, Cluster
-from rosetta_operator.render import render
+from rosetta_operator.render import jobset_suspend, render
 from rosetta_operator.spec import load_training, parse_spec
 
 pytestmark = pytest.mark.integration
@@ -74,7 +74,7 @@ def test_rendered_configmap_and_jobset_are_accepted(cluster: Cluster, namespace:
         gpus = container["resources"]["limits"][training.spec.resources.gpu_resource]
         assert int(gpus) == training.spec.gpus_per_node
     assert {v["name"] for v in got_pod["volumes"]} >= {v.name for v in training.spec.volumes}
-    assert got["spec"].get("suspend", False) == training.spec.suspend
+    assert got["spec"].get("suspend", False) == jobset_suspend(training.spec)
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])

@@ -69,7 +69,9 @@ NAMESPACED = {
     ("jobset.x-k8s.io", "jobsets", v) for v in ("get", "list", "watch", "create", "patch")
 } | {
     ("", "configmaps", "get"), ("", "configmaps", "create"), ("", "configmaps", "patch"),
-    ("", "pods", "get"), ("", "pods", "list"), ("", "events", "create"),
+    ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"), ("", "events", "create"),
+} | {
+    ("kueue.x-k8s.io", "workloads", v) for v in ("get", "list", "watch", "patch")
 }
 CRD_READ = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("get", "list", "watch")}
 NAMESPACES = {("", "namespaces", "list"), ("", "namespaces", "watch")}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import io
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -12,6 +11,7 @@ import yaml
 from pydantic import BaseModel
 
 from openapi_check import cel_failures, cel_holds, schema_errors, with_defaults
+from support.cel_cases import CASES, _raw
 from rosetta_operator import status as st
 from rosetta_operator.crd import PHASES, build_crd, cel_rules
 from rosetta_operator.spec import ConfigError, TranslationTrainingSpec, parse_training
@@ -55,8 +55,10 @@ def test_identity():
 
 def test_printer_columns():
     columns = {c["name"]: (c["type"], c["jsonPath"]) for c in VERSION["additionalPrinterColumns"]}
-    assert list(columns) == ["Phase", "Nodes", "GPUs/node", "Progress", "BLEU", "Age"]
+    assert list(columns) == ["Phase", "Nodes", "GPUs/node", "Progress", "BLEU", "Restarts", "Preemptions", "Age"]
     assert columns["Age"] == ("date", ".metadata.creationTimestamp")
+    wide = [c["name"] for c in VERSION["additionalPrinterColumns"] if c.get("priority")]
+    assert wide == ["Restarts", "Preemptions"]  # -o wide only
     for name, (kind, path) in columns.items():
         if name == "Age":
             continue
@@ -73,7 +75,7 @@ def test_status_declares_every_field_the_operator_writes():
     props = STATUS_SCHEMA["properties"]
     observation = st.Observation(
         "Running", "running", (st.Cond("Running", "True", "AllJobsReady", "ok"),),
-        restarts=1, start_time="2024-01-01T00:00:00Z", completion_time="2024-01-02T00:00:00Z")
+        restarts=1, preemptions=2, start_time="2024-01-01T00:00:00Z", completion_time="2024-01-02T00:00:00Z")
     merged = st.merge_status({}, observation, now="2024-01-01T00:00:00Z", generation=2)
     # what handlers.py adds to every status (jobSet identity and the spec's shape)
     handler_fields = {"observedGeneration", "jobSetName", "configMapName", "nodes", "gpusPerNode", "worldSize"}
@@ -164,109 +166,6 @@ def test_schema_enforces_simple_bounds_itself():
 
 
 # ------------------------------------------------------------------------ CEL
-
-BASE = {
-    "model": {"architecture": "transformer", "size": "tiny"},
-    "tokenizer": {"train": {"vocabSize": 500}},
-    "data": {"sourceLang": "en", "targetLangs": ["de"], "train": [{"format": "generated", "size": 100}]},
-    "training": {"maxSteps": 10},
-}
-PVC = {"persistentVolumeClaim": {"claimName": "efs"}}
-
-
-def _raw(**patch) -> dict:
-    raw = copy.deepcopy(BASE)
-    for key, value in patch.items():
-        raw[key] = value
-    return raw
-
-
-def _pretrained(**patch) -> dict:
-    return _raw(model={"name": "t5-small"}, tokenizer={}, data={"sourceLang": "en", "targetLangs": ["de"]}, **patch)
-
-
-# (case, raw spec, valid?) — each invalid case breaks exactly one cross-field rule.
-CASES = [
-    ("minimal", _raw(), True),
-    ("pretrained without data", _pretrained(), True),
-    ("tokenizer path", _raw(tokenizer={"path": "/tok"}, data={"sourceLang": "en", "targetLangs": ["de"]}), True),
-    ("gpus with profile", _raw(gpusPerNode=8, network={"profile": "eks-p5"}, training={"maxSteps": 5, "device": "cuda"}), True),
-    ("cpu procs", _raw(nodes=2, procsPerNode=4, training={"maxSteps": 5, "device": "cpu"}), True),
-    ("deepspeed", _raw(gpusPerNode=2, launcher="deepspeed"), True),
-    ("user env", _raw(env=[{"name": "NCCL_DEBUG", "value": "INFO"},
-                           {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "t"}}}]), True),
-    ("profile env on generic", _raw(gpusPerNode=1, env=[{"name": "FI_PROVIDER", "value": "tcp"}]), True),
-    ("volumes", _raw(volumes=[{"name": "d", "mountPath": "/data", "purpose": "data", "readOnly": True, **PVC},
-                              {"name": "c", "mountPath": "/checkpoints", "purpose": "checkpoints", **PVC},
-                              {"name": "s", "mountPath": "/scratch", "emptyDir": {}},
-                              {"name": "t", "mountPath": "/tmp2", "emptyDir": {"medium": "Memory"}}]), True),
-    ("tolerations", _raw(scheduling={"tolerations": [{"key": "a", "operator": "Exists"},
-                                                     {"key": "b", "value": "c"}]}), True),
-    ("data formats", _raw(data={"sourceLang": "en", "targetLangs": ["de"], "train": [
-        {"format": "pairs", "source": "a", "target": "b"}, {"format": "tsv", "path": "x"}]}), True),
-
-    ("model name and architecture", _raw(model={"name": "t5-small", "architecture": "t5"}), False),
-    ("model neither", _raw(model={"size": "tiny"}), False),
-    ("dModel not divisible", _raw(model={"architecture": "t5", "dModel": 100, "heads": 3}), False),
-    ("tokenizer both", _raw(tokenizer={"path": "x", "train": {}}), False),
-    ("pairs without target", _raw(data={"sourceLang": "en", "targetLangs": ["de"],
-                                        "train": [{"format": "pairs", "source": "a"}]}), False),
-    ("validation jsonl without path", _raw(data={"sourceLang": "en", "targetLangs": ["de"], "train": BASE["data"]["train"],
-                                                 "validation": [{"format": "jsonl"}]}), False),
-    ("test mtgeneval without path", _raw(data={"sourceLang": "en", "targetLangs": ["de"], "train": BASE["data"]["train"],
-                                               "test": [{"format": "mtgeneval"}]}), False),
-    ("no length", _raw(training={"batch": {"tokens": 100}}), False),
-    ("batch both", _raw(training={"maxSteps": 5, "batch": {"tokens": 100, "sentences": 4}}), False),
-    ("scratch without tokenizer", _raw(tokenizer={}), False),
-    ("tokenizer.train without data", _raw(data={"sourceLang": "en", "targetLangs": ["de"]}), False),
-    ("procs with gpus", _raw(gpusPerNode=2, procsPerNode=2), False),
-    ("deepspeed on cpu", _raw(launcher="deepspeed"), False),
-    ("profile without gpus", _raw(network={"profile": "gke-a3"}), False),
-    ("profile with too many gpus", _raw(gpusPerNode=16, network={"profile": "eks-p4d"}), False),
-    ("cuda without gpus", _raw(training={"maxSteps": 5, "device": "cuda"}), False),
-    ("cpu with gpus", _raw(gpusPerNode=1, training={"maxSteps": 5, "device": "cpu"}), False),
-    ("launcher env", _raw(env=[{"name": "MASTER_ADDR", "value": "x"}]), False),
-    ("launcher env prefix", _raw(env=[{"name": "ROSETTA_OUTPUT", "value": "x"}]), False),
-    ("eks-p4d env", _raw(gpusPerNode=8, network={"profile": "eks-p4d"}, env=[{"name": "FI_PROVIDER", "value": "x"}]), False),
-    ("eks-p5 env", _raw(gpusPerNode=8, network={"profile": "eks-p5"}, env=[{"name": "FI_EFA_FORK_SAFE", "value": "0"}]), False),
-    ("gke-a3 env", _raw(gpusPerNode=8, network={"profile": "gke-a3"}, env=[{"name": "NCCL_ALGO", "value": "Tree"}]), False),
-    ("env value and valueFrom", _raw(env=[{"name": "A", "value": "1",
-                                           "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]), False),
-    ("env valueFrom both refs", _raw(env=[{"name": "A", "valueFrom": {
-        "secretKeyRef": {"name": "s", "key": "k"}, "configMapKeyRef": {"name": "c", "key": "k"}}}]), False),
-    ("literal secret env", _raw(env=[{"name": "WANDB_API_KEY", "value": "abc"}]), False),
-    ("secret env from a ConfigMap", _raw(env=[{"name": "HF_TOKEN", "valueFrom": {
-        "configMapKeyRef": {"name": "c", "key": "k"}}}]), False),
-    ("root user", _raw(podSecurity={"runAsUser": 0}), False),
-    ("runAsNonRoot off", _raw(podSecurity={"runAsNonRoot": False}), False),
-    ("non-root user", _raw(podSecurity={"runAsUser": 1000, "runAsNonRoot": True}), True),
-    ("volume without source", _raw(volumes=[{"name": "a", "mountPath": "/a"}]), False),
-    ("volume two sources", _raw(volumes=[{"name": "a", "mountPath": "/a", "emptyDir": {}, **PVC}]), False),
-    ("read-only checkpoints", _raw(volumes=[{"name": "a", "mountPath": "/a", "purpose": "checkpoints",
-                                             "readOnly": True, **PVC}]), False),
-    ("read-only checkpoints claim", _raw(volumes=[{"name": "a", "mountPath": "/a", "purpose": "checkpoints",
-                                                   "persistentVolumeClaim": {"claimName": "c", "readOnly": True}}]), False),
-    ("two data volumes", _raw(volumes=[{"name": "a", "mountPath": "/a", "purpose": "data", **PVC},
-                                       {"name": "b", "mountPath": "/b", "purpose": "data", **PVC}]), False),
-    ("shared mount path", _raw(volumes=[{"name": "a", "mountPath": "/a", **PVC}, {"name": "b", "mountPath": "/a", **PVC}]), False),
-    ("reserved mount path", _raw(volumes=[{"name": "a", "mountPath": "/dev/shm", "emptyDir": {}}]), False),
-    ("reserved volume name", _raw(volumes=[{"name": "config", "mountPath": "/a", **PVC}]), False),
-    ("default output path taken", _raw(volumes=[{"name": "a", "mountPath": "/checkpoints", **PVC}]), False),
-    ("exclusive hostname on one node", _raw(scheduling={"exclusiveTopology": "kubernetes.io/hostname"}), True),
-    ("exclusive node pool", _raw(nodes=4, scheduling={"exclusiveTopology": "cloud.google.com/gke-nodepool"}), True),
-    ("exclusive hostname on many nodes", _raw(nodes=2, scheduling={"exclusiveTopology": "kubernetes.io/hostname"}), False),
-    ("toleration Exists with value", _raw(scheduling={"tolerations": [{"key": "a", "operator": "Exists", "value": "b"}]}), False),
-    ("summarization without targetLangs", _raw(task="summarization", data={
-        "sourceLang": "en", "train": [{"format": "generated", "size": 100}]}), True),
-    ("translation without targetLangs", _raw(data={"sourceLang": "en", "train": [{"format": "generated", "size": 100}]}),
-     False),
-    ("summarization with gender", _raw(task="summarization", evaluation={"metrics": ["rougeL", "gender"]}), False),
-    ("zero-3 with offload", _raw(distributed={"backend": "deepspeed", "zeroStage": 3,
-                                              "offload": {"optimizer": "cpu", "parameters": "cpu"}}), True),
-    ("zero stage without deepspeed", _raw(distributed={"zeroStage": 2}), False),
-    ("parameter offload on zero-2", _raw(distributed={"backend": "deepspeed", "offload": {"parameters": "cpu"}}), False),
-]
-
 
 def _pydantic_valid(raw: dict) -> bool:
     doc = {"apiVersion": "rosetta.dev/v1alpha1", "kind": "TranslationTraining", "metadata": {"name": "mt"}, "spec": raw}

@@ -78,7 +78,8 @@ def test_the_scenarios_cover_the_cluster_features():
     profiles = {spec.network.profile for spec in specs}
     assert {"generic", "eks-p5", "gke-a3"} <= profiles
     assert any(spec.gpus_per_node == 0 and spec.nodes > 1 for spec in specs)  # multi-node CPU
-    assert any(spec.suspend and spec.scheduling.queue_name for spec in specs)  # Kueue
+    # Kueue: queueName alone (the operator creates the JobSet suspended); suspend: true would be a hold
+    assert any(spec.scheduling.queue_name and not spec.suspend for spec in specs)
     assert any(spec.scheduling.tolerations for spec in specs)
     assert any(spec.launcher == "deepspeed" for spec in specs)
     assert any(v.persistent_volume_claim for spec in specs for v in spec.volumes)

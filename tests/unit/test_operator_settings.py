@@ -65,10 +65,24 @@ def test_phase_gauge_handler_runs_on_the_event_loop():
     assert inspect.iscoroutinefunction(handler.fn)
 
 
+def test_pod_events_are_filtered_on_the_event_loop():
+    # Nearly every pod event says nothing new about scheduling; a sync handler would queue each.
+    assert inspect.iscoroutinefunction(registered("pod_scheduling").fn)
+
+
+def test_only_training_pods_and_kueue_workloads_are_watched(configured):
+    # Server-side: the cluster's other pods never reach the operator (kopf's labels= filters locally).
+    from kopf._cogs.structs.references import Resource
+    selectors = configured.watching.label_selectors
+    assert selectors.collect(Resource("", "v1", "pods")) == ["rosetta.dev/training"]
+    assert selectors.collect(Resource("kueue.x-k8s.io", "v1beta1", "workloads")) == ["kueue.x-k8s.io/job-uid"]
+    assert selectors.collect(Resource("jobset.x-k8s.io", "v1alpha2", "jobsets")) == []
+
+
 def test_pending_trainings_are_not_scraped():
     # Not every node's job is ready, so no rank has logged a step: nothing to scrape yet.
     status, spec = {"jobSetName": "mt"}, {"metrics": {"port": 9400}}
-    active = {phase for phase in (Phase.PENDING, Phase.RUNNING, Phase.RESTARTING, Phase.SUSPENDED,
+    active = {phase for phase in (Phase.PENDING, Phase.QUEUED, Phase.RUNNING, Phase.RESTARTING, Phase.SUSPENDED,
                                   Phase.SUCCEEDED, Phase.FAILED)
               if handlers._progress_active(status={**status, "phase": phase}, spec=spec)}
     assert active == {Phase.RUNNING, Phase.RESTARTING}

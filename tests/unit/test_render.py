@@ -10,7 +10,9 @@ import yaml
 
 from openapi_check import assert_valid_jobset, jobset_schema, schema_errors
 from rosetta_operator.profiles import EFA_RESOURCE, PROFILES
-from rosetta_operator.render import COMPLETION_INDEX, CONFIG_KEY, render, resource_names
+from rosetta_operator.render import (
+    APPLIED_SUSPEND, COMPLETION_INDEX, CONFIG_KEY, PREEMPTION_ACTION, render, resource_names, suspend_patch,
+)
 from rosetta_operator.spec import ConfigError, parse_spec
 from rosetta_trainer.config import CLUSTER_KEYS, TrainerSpec, parse_document
 
@@ -273,7 +275,8 @@ def test_scheduling_fields():
     assert pod["priorityClassName"] == "training-high"
     meta = rendered.jobset["metadata"]
     assert meta["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
-    assert meta["annotations"] == {"alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"}
+    assert meta["annotations"] == {"alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool",
+                                   APPLIED_SUSPEND: "false"}
 
 
 def test_lifecycle_and_identity_fields():
@@ -283,7 +286,7 @@ def test_lifecycle_and_identity_fields():
                      podSecurity={"runAsUser": 1000, "fsGroup": 1000}, terminationGracePeriodSeconds=120)
     spec = rendered.jobset["spec"]
     assert spec["suspend"] is True
-    assert spec["failurePolicy"] == {"maxRestarts": 7}
+    assert spec["failurePolicy"]["maxRestarts"] == 7
     assert spec["ttlSecondsAfterFinished"] == 600
     pod = pod_spec(rendered)
     assert pod["serviceAccountName"] == "trainer"
@@ -299,13 +302,84 @@ def test_lifecycle_and_identity_fields():
 def test_unset_optional_fields_are_left_out():
     rendered = build()
     spec, pod = rendered.jobset["spec"], pod_spec(rendered)
-    assert spec["suspend"] is False and spec["failurePolicy"] == {"maxRestarts": 3}
+    assert spec["suspend"] is False and spec["failurePolicy"]["maxRestarts"] == 3
     assert "ttlSecondsAfterFinished" not in spec
     for key in ("serviceAccountName", "imagePullSecrets", "nodeSelector", "affinity", "priorityClassName",
                 "terminationGracePeriodSeconds"):
         assert key not in pod, key
-    assert "annotations" not in rendered.jobset["metadata"]
+    assert rendered.jobset["metadata"]["annotations"] == {APPLIED_SUSPEND: "false"}
     assert "kueue.x-k8s.io/queue-name" not in rendered.jobset["metadata"]["labels"]
+
+
+# ---------------------------------------------------------------- suspend and Kueue
+
+
+@pytest.mark.parametrize("suspend, queue, jobset_suspend", [
+    (False, None, False),
+    (True, None, True),
+    (False, "team-a", True),   # Kueue admits only what is created suspended
+    (True, "team-a", True),
+])
+def test_a_queued_jobset_is_created_suspended(suspend, queue, jobset_suspend):
+    scheduling = {"queueName": queue} if queue else {}
+    rendered = build(suspend=suspend, scheduling=scheduling)
+    assert rendered.jobset["spec"]["suspend"] is jobset_suspend
+    # what the user asked for, not what Kueue needs
+    assert rendered.jobset["metadata"]["annotations"][APPLIED_SUSPEND] == ("true" if suspend else "false")
+
+
+def _created(suspend: bool | None, jobset_suspend: bool) -> dict:
+    annotations = {} if suspend is None else {APPLIED_SUSPEND: "true" if suspend else "false"}
+    return {"metadata": {"name": "mt", "annotations": annotations}, "spec": {"suspend": jobset_suspend}}
+
+
+@pytest.mark.parametrize("applied, jobset_suspend, requested, patch", [
+    # a resume after Kueue admitted the gang: the user's value is unchanged, so Kueue's stays
+    (False, False, False, None),
+    (False, True, False, None),        # still queued: nothing to do either
+    (True, True, True, None),
+    # the user's edits
+    (False, False, True, {"metadata": {"annotations": {APPLIED_SUSPEND: "true"}}, "spec": {"suspend": True}}),
+    (True, True, False, {"metadata": {"annotations": {APPLIED_SUSPEND: "false"}}, "spec": {"suspend": False}}),
+    # an older operator's JobSet: the value is recorded, suspend is never touched
+    (None, False, True, {"metadata": {"annotations": {APPLIED_SUSPEND: "true"}}}),
+    (None, True, False, {"metadata": {"annotations": {APPLIED_SUSPEND: "false"}}}),
+])
+def test_suspend_is_patched_only_when_the_user_changes_it(applied, jobset_suspend, requested, patch):
+    assert suspend_patch(_created(applied, jobset_suspend), requested) == patch
+
+
+def test_a_resume_never_resuspends_an_admitted_gang():
+    """The old rule (JobSet.spec.suspend := spec.suspend on every reconcile) re-suspended it."""
+    rendered = build(suspend=True, scheduling={"queueName": "team-a"})
+    admitted = copy.deepcopy(rendered.jobset)
+    admitted["spec"]["suspend"] = False   # Kueue admitted it
+    assert suspend_patch(admitted, True) is None
+    legacy = copy.deepcopy(admitted)
+    del legacy["metadata"]["annotations"][APPLIED_SUSPEND]
+    assert "spec" not in suspend_patch(legacy, True)
+
+
+# ---------------------------------------------------------------------- preemption
+
+
+def test_preemption_restarts_the_gang_without_counting():
+    rendered = build(failurePolicy={"maxRestarts": 5})
+    (job,) = rendered.jobset["spec"]["replicatedJobs"]
+    job_spec = job["template"]["spec"]
+    assert job_spec["backoffLimit"] == 0 and pod_spec(rendered)["restartPolicy"] == "Never"
+    # a pod the cluster took away fails its Job with reason PodFailurePolicy ...
+    assert job_spec["podFailurePolicy"] == {"rules": [
+        {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]}
+    # ... which the JobSet restarts for free; any other reason falls through to RestartJobSet
+    assert rendered.jobset["spec"]["failurePolicy"] == {"maxRestarts": 5, "rules": [
+        {"name": "preemption", "action": PREEMPTION_ACTION, "onJobFailureReasons": ["PodFailurePolicy"]}]}
+
+
+def test_failure_rule_names_pass_the_jobset_webhook():
+    # jobset v0.12.0 pkg/webhooks/jobset_webhook.go: ruleNameFmt, 1-128 characters
+    for rule in build().jobset["spec"]["failurePolicy"]["rules"]:
+        assert re.fullmatch(r"[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?", rule["name"]) and len(rule["name"]) <= 128
 
 
 def test_owner_reference_from_the_training_object():

@@ -69,8 +69,8 @@ app.kubernetes.io/component: operator
 - apiGroups: [rosetta.dev]
   resources: [translationtrainings/finalizers]
   verbs: [update]
-# The JobSet: created once, read and watched, patched for spec.suspend. Never deleted: garbage
-# collection follows the ownerReference.
+# The JobSet: created once, read and watched, patched for spec.suspend (and the annotation that
+# records it). Never deleted: garbage collection follows the ownerReference.
 - apiGroups: [jobset.x-k8s.io]
   resources: [jobsets]
   verbs: [get, list, watch, create, patch]
@@ -78,10 +78,16 @@ app.kubernetes.io/component: operator
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [get, create, patch]
-# Training pods: the progress daemon lists a JobSet's pods for rank 0's IP (no pod is watched).
+# Training pods: the progress daemon lists a JobSet's pods for rank 0's IP; the pods labelled
+# rosetta.dev/training are watched for the scheduler's verdict (condition Scheduled).
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list]
+  verbs: [get, list, watch]
+# Kueue's Workloads: why a queued JobSet waits (phase Queued, condition Admitted), and spec.active,
+# through which a user's suspend holds a queued training.
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads]
+  verbs: [get, list, watch, patch]
 # Warning events (invalid spec, refused change) and kopf's own.
 - apiGroups: [""]
   resources: [events]

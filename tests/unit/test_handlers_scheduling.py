@@ -1,0 +1,373 @@
+"""The handlers around scheduling, against an in-memory API: suspend applied only on the user's edit,
+Kueue's decision (phase Queued, condition Admitted), preemptions counted apart, unschedulable pods."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+from types import SimpleNamespace
+
+import kopf
+import kubernetes
+import pytest
+from kubernetes.client.rest import ApiException
+
+from rosetta_operator import handlers
+from rosetta_operator import status as st
+from rosetta_operator.render import APPLIED_SUSPEND, render
+from rosetta_operator.spec import parse_spec
+
+NS, NAME, UID, JOBSET_UID = "team", "mt", "uid-mt", "uid-js"
+SPEC = {
+    "model": {"architecture": "transformer", "size": "tiny"},
+    "tokenizer": {"train": {"vocabSize": 500}},
+    "data": {"sourceLang": "en", "targetLangs": ["de"], "train": [{"format": "generated", "size": 100}]},
+    "training": {"maxSteps": 10},
+    "nodes": 2,
+}
+QUOTA = ("couldn't assign flavors to pod set node: insufficient unused quota for nvidia.com/gpu in flavor "
+         "default, 8 more needed")
+NO_GPU = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."
+
+
+def _merge(target: dict, patch: dict) -> None:
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            _merge(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)
+
+
+class FakeAPI:
+    """Just the CustomObjectsApi and CoreV1Api calls handlers.py makes, over a dict of objects;
+    `calls` records each one, so a test can say that nothing was asked."""
+
+    def __init__(self, kueue: bool = True):
+        self.objects: dict[tuple[str, str, str], dict] = {}
+        self.calls: list[tuple] = []
+        self.kueue = kueue
+        self.version = 0
+
+    def put(self, plural: str, obj: dict) -> dict:
+        self.version += 1
+        obj = copy.deepcopy(obj)
+        obj["metadata"]["resourceVersion"] = str(self.version)
+        self.objects[(plural, obj["metadata"]["namespace"], obj["metadata"]["name"])] = obj
+        return copy.deepcopy(obj)
+
+    def get(self, plural: str, name: str) -> dict:
+        return self.objects[(plural, NS, name)]
+
+    def _read(self, plural, namespace, name):
+        try:
+            return copy.deepcopy(self.objects[(plural, namespace, name)])
+        except KeyError:
+            raise ApiException(status=404, reason="Not Found") from None
+
+    # CustomObjectsApi
+    def get_namespaced_custom_object(self, group, version, namespace, plural, name):
+        self.calls.append(("get", plural, name))
+        return self._read(plural, namespace, name)
+
+    def create_namespaced_custom_object(self, group, version, namespace, plural, body):
+        self.calls.append(("create", plural, body["metadata"]["name"]))
+        body = copy.deepcopy(body)
+        body["metadata"].setdefault("uid", JOBSET_UID)
+        return self.put(plural, body)
+
+    def patch_namespaced_custom_object(self, group, version, namespace, plural, name, body):
+        self.calls.append(("patch", plural, name, copy.deepcopy(body)))
+        obj = self._read(plural, namespace, name)
+        _merge(obj, body)
+        return self.put(plural, obj)
+
+    def patch_namespaced_custom_object_status(self, group, version, namespace, plural, name, body):
+        self.calls.append(("patch_status", plural, name))
+        obj = self._read(plural, namespace, name)
+        if body["metadata"]["resourceVersion"] != obj["metadata"]["resourceVersion"]:
+            raise ApiException(status=409, reason="Conflict")
+        obj.setdefault("status", {})
+        _merge(obj["status"], body["status"])
+        return self.put(plural, obj)
+
+    def list_namespaced_custom_object(self, group, version, namespace, plural, label_selector=""):
+        self.calls.append(("list", plural, label_selector))
+        if plural == "workloads" and not self.kueue:
+            raise ApiException(status=404, reason="Not Found")
+        key, _, value = label_selector.partition("=")
+        items = [copy.deepcopy(o) for (p, ns, _), o in self.objects.items()
+                 if p == plural and ns == namespace and (o["metadata"].get("labels") or {}).get(key) == value]
+        return {"items": items}
+
+    # CoreV1Api
+    def create_namespaced_config_map(self, namespace, body):
+        self.calls.append(("create", "configmaps", body["metadata"]["name"]))
+
+    def list_namespaced_pod(self, namespace, label_selector=""):
+        self.calls.append(("list", "pods", label_selector))
+        return SimpleNamespace(items=[])
+
+    def of(self, kind: str) -> list[tuple]:
+        return [c for c in self.calls if c[1] == kind]
+
+
+@pytest.fixture
+def api(monkeypatch: pytest.MonkeyPatch) -> FakeAPI:
+    fake = FakeAPI()
+    monkeypatch.setattr(kubernetes.client, "CustomObjectsApi", lambda _client=None: fake)
+    monkeypatch.setattr(kubernetes.client, "CoreV1Api", lambda _client=None: fake)
+    return fake
+
+
+@pytest.fixture
+def warnings(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+    posted: list[dict] = []
+    monkeypatch.setattr(kopf, "warn", lambda obj, *, reason, message="", **_: posted.append(
+        {"name": obj["metadata"]["name"], "reason": reason, "message": message}))
+    return posted
+
+
+def memo(api: FakeAPI) -> kopf.Memo:
+    return kopf.Memo(api_client=SimpleNamespace(sanitize_for_serialization=lambda o: o), allow_host_path=False,
+                     own_creations=handlers.OwnCreations(), unschedulable_pods=st.UnschedulablePods(),
+                     workload_decisions=handlers.Decisions())
+
+
+def training(api: FakeAPI, **spec) -> dict:
+    return api.put("translationtrainings", {
+        "apiVersion": "rosetta.dev/v1alpha1", "kind": "TranslationTraining",
+        "metadata": {"name": NAME, "namespace": NS, "uid": UID, "generation": 1},
+        "spec": {**SPEC, **spec}})
+
+
+def reconcile(api: FakeAPI, m: kopf.Memo) -> dict:
+    body = kopf.Body(api.get("translationtrainings", NAME))
+    handlers.reconcile(body=body, spec=body.spec, name=NAME, namespace=NS, uid=UID, memo=m,
+                       logger=logging.getLogger(__name__))
+    return api.get("translationtrainings", NAME)
+
+
+def jobset_status(api: FakeAPI, **status) -> dict:
+    """The JobSet controller (or Kueue) moved: returns the JobSet as the watch would deliver it."""
+    jobset = api.get("jobsets", NAME)
+    _merge(jobset, status)
+    return api.put("jobsets", jobset)
+
+
+def jobset_event(api: FakeAPI, m: kopf.Memo, jobset: dict) -> dict:
+    handlers.jobset_changed(event={"type": "MODIFIED"}, body=kopf.Body(jobset), namespace=NS, memo=m)
+    return api.get("translationtrainings", NAME)
+
+
+# ------------------------------------------------------------------------------- suspend
+
+
+def test_a_resume_never_resuspends_a_jobset_that_kueue_admitted(api):
+    m = memo(api)
+    training(api, scheduling={"queueName": "a3-training"})
+    reconcile(api, m)
+    assert api.get("jobsets", NAME)["spec"]["suspend"] is True   # created suspended for Kueue
+    jobset_status(api, spec={"suspend": False})                   # Kueue admitted it
+    api.calls.clear()
+    reconcile(api, memo(api))                                     # the operator restarted: kopf resumes
+    assert [c for c in api.of("jobsets") if c[0] == "patch"] == []
+    assert api.get("jobsets", NAME)["spec"]["suspend"] is False
+
+
+def test_an_older_operators_jobset_is_annotated_not_resuspended(api):
+    m = memo(api)
+    training(api, suspend=True, scheduling={"queueName": "a3-training"})   # the old Kueue pattern
+    rendered = render(NAME, NS, parse_spec(SPEC | {"suspend": True, "scheduling": {"queueName": "a3-training"}}),
+                      owner=api.get("translationtrainings", NAME))
+    legacy = rendered.jobset
+    del legacy["metadata"]["annotations"][APPLIED_SUSPEND]
+    legacy["metadata"]["uid"] = JOBSET_UID
+    legacy["spec"]["suspend"] = False                                        # admitted long ago
+    api.put("jobsets", legacy)
+    reconcile(api, m)
+    (patch,) = [c[3] for c in api.of("jobsets") if c[0] == "patch"]
+    assert patch == {"metadata": {"annotations": {APPLIED_SUSPEND: "true"}}}
+    assert api.get("jobsets", NAME)["spec"]["suspend"] is False
+
+
+def test_the_users_edit_of_suspend_is_applied_once(api):
+    m = memo(api)
+    training(api)
+    reconcile(api, m)
+    tt = api.get("translationtrainings", NAME)
+    tt["spec"]["suspend"] = True
+    api.put("translationtrainings", tt)
+    status = reconcile(api, m)["status"]
+    (patch,) = [c[3] for c in api.of("jobsets") if c[0] == "patch"]
+    assert patch == {"metadata": {"annotations": {APPLIED_SUSPEND: "true"}}, "spec": {"suspend": True}}
+    assert status["phase"] == st.Phase.SUSPENDED
+    api.calls.clear()
+    reconcile(api, m)
+    assert [c for c in api.of("jobsets") if c[0] == "patch"] == []
+
+
+# -------------------------------------------------------------------------------- Kueue
+
+
+def test_a_training_waiting_for_kueue_is_queued_with_kueues_reason(api, warnings):
+    m = memo(api)
+    training(api, scheduling={"queueName": "a3-training"})
+    status = reconcile(api, m)["status"]
+    assert ("list", "workloads", f"kueue.x-k8s.io/job-uid={JOBSET_UID}") in api.calls
+    assert status["phase"] == st.Phase.QUEUED
+    assert status["message"] == "queued in LocalQueue a3-training: waiting for Kueue"
+
+    # Kueue creates the Workload and finds no quota: its event says so without a JobSet event
+    workload = api.put("workloads", {
+        "apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload",
+        "metadata": {"name": "jobset-mt-1", "namespace": NS, "uid": "uid-wl",
+                     "labels": {"kueue.x-k8s.io/job-uid": JOBSET_UID},
+                     "ownerReferences": [{"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+                                          "name": NAME, "uid": JOBSET_UID, "controller": True}]},
+        "spec": {"queueName": "a3-training"},
+        "status": {"conditions": [{"type": "QuotaReserved", "status": "False", "reason": "Pending",
+                                   "message": QUOTA}]}})
+
+    def event():
+        handlers.workload_changed(event={"type": "MODIFIED"}, body=kopf.Body(workload), namespace=NS, uid="uid-wl",
+                                  memo=m)
+        return api.get("translationtrainings", NAME)["status"]
+
+    status = event()
+    assert status["phase"] == st.Phase.QUEUED
+    assert status["message"] == f"queued in LocalQueue a3-training: {QUOTA}"
+    admitted = st.condition(status, st.ConditionType.ADMITTED)
+    assert (admitted["status"], admitted["reason"]) == ("False", st.Reason.QUEUED)
+    assert st.condition(status, st.ConditionType.SUSPENDED)["status"] == "False"
+
+    api.calls.clear()
+    event()                                   # Kueue's bookkeeping, the same decision: no API call
+    assert api.calls == []
+
+    # Kueue admits it and unsuspends the JobSet
+    workload["status"] = {"conditions": [{"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"},
+                                         {"type": "Admitted", "status": "True", "reason": "Admitted"}],
+                          "admission": {"clusterQueue": "gpus"}}
+    jobset_status(api, spec={"suspend": False})
+    status = event()
+    assert status["phase"] == st.Phase.PENDING
+    assert st.condition(status, st.ConditionType.ADMITTED)["reason"] == st.Reason.ADMITTED
+    assert warnings == []
+
+
+def test_decisions_are_bounded():
+    decisions = handlers.Decisions(limit=2)
+    assert decisions.changed("a", 1) and not decisions.changed("a", 1) and decisions.changed("a", 2)
+    decisions.changed("b", 1)
+    decisions.changed("c", 1)
+    assert decisions.changed("a", 2)          # "a", the oldest, was dropped: news again
+    decisions.forget("c")
+    assert decisions.changed("c", 1)
+
+
+def test_without_kueue_the_list_404_is_quiet(api, caplog):
+    api.kueue = False
+    training(api, scheduling={"queueName": "a3-training"})
+    with caplog.at_level(logging.WARNING):
+        status = reconcile(api, memo(api))["status"]
+    assert status["phase"] == st.Phase.QUEUED
+    assert caplog.records == []
+
+
+def test_suspend_true_beside_a_queue_waits_for_kueue(api):
+    """Kueue's own docs create queued jobs with suspend: true; that is no hold, Kueue starts it."""
+    training(api, suspend=True, scheduling={"queueName": "a3-training"})
+    status = reconcile(api, memo(api))["status"]
+    assert status["phase"] == st.Phase.QUEUED
+
+
+def test_a_users_suspend_under_a_queue_holds_the_kueue_workload(api):
+    m = memo(api)
+    training(api, scheduling={"queueName": "a3-training"})
+    reconcile(api, m)
+    api.put("workloads", {
+        "apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload",
+        "metadata": {"name": "jobset-mt-1", "namespace": NS, "uid": "uid-wl",
+                     "labels": {"kueue.x-k8s.io/job-uid": JOBSET_UID}},
+        "spec": {"queueName": "a3-training", "active": True}})
+    tt = api.get("translationtrainings", NAME)
+    tt["spec"]["suspend"] = True
+    api.put("translationtrainings", tt)
+    api.calls.clear()
+    status = reconcile(api, m)["status"]
+    # Kueue's switch, not the JobSet's suspend, which Kueue would undo for an admitted gang.
+    assert [c[3] for c in api.of("workloads") if c[0] == "patch"] == [{"spec": {"active": False}}]
+    assert [c[3] for c in api.of("jobsets") if c[0] == "patch"] == [
+        {"metadata": {"annotations": {APPLIED_SUSPEND: "true"}}}]
+    assert status["phase"] == st.Phase.SUSPENDED
+
+    tt = api.get("translationtrainings", NAME)
+    tt["spec"]["suspend"] = False
+    api.put("translationtrainings", tt)
+    status = reconcile(api, m)["status"]
+    assert api.get("workloads", "jobset-mt-1")["spec"]["active"] is True
+    assert status["phase"] == st.Phase.QUEUED     # back in the queue until Kueue admits it again
+
+
+# --------------------------------------------------------------------------- preemption
+
+
+def test_preemptions_are_counted_apart_from_failures(api):
+    m = memo(api)
+    training(api)
+    reconcile(api, m)
+    status = jobset_event(api, m, jobset_status(api, status={"restarts": 1}))["status"]   # a reclaimed spot node
+    assert (status["restarts"], status["preemptions"]) == (0, 1)
+    assert status["message"].startswith("restart 1 after a preemption: ")
+    assert api.of("pods") == []               # a preemption is no reason to look for a data error
+    status = jobset_event(api, m, jobset_status(api, status={"restarts": 2, "restartsCountTowardsMax": 1}))["status"]
+    assert (status["restarts"], status["preemptions"]) == (1, 1)
+    assert status["message"].startswith("restart 2 after a failure: ")
+    assert api.of("pods")                     # a failure is
+
+
+# ---------------------------------------------------------------------------- scheduling
+
+
+def pod(uid: str, *condition) -> dict:
+    conditions = [dict(zip(("type", "status", "reason", "message"), condition))] if condition else []
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"mt-node-0-{uid}", "namespace": NS, "uid": uid,
+                         "labels": {"rosetta.dev/training": NAME, "jobset.sigs.k8s.io/jobset-name": NAME}},
+            "status": {"conditions": conditions}}
+
+
+def test_an_unschedulable_gang_says_why_once(api, warnings):
+    m = memo(api)
+    training(api)
+    reconcile(api, m)
+
+    def event(p: dict, type_: str = "MODIFIED") -> None:
+        asyncio.run(handlers.on_pod_event(event={"type": type_}, body=kopf.Body(p), namespace=NS,
+                                          uid=p["metadata"]["uid"], memo=m))
+
+    api.calls.clear()
+    event(pod("a"))                                                     # no verdict yet
+    event(pod("a", "PodScheduled", "True", None, ""))                   # bound at once
+    assert api.calls == []
+
+    event(pod("b", "PodScheduled", "False", "Unschedulable", NO_GPU))
+    status = api.get("translationtrainings", NAME)["status"]
+    scheduled = st.condition(status, st.ConditionType.SCHEDULED)
+    assert (scheduled["status"], scheduled["reason"], scheduled["message"]) == ("False", "Unschedulable", NO_GPU)
+    assert status["phase"] == st.Phase.PENDING
+    assert status["message"] == f"starting: 0/1 jobs ready; unschedulable: {NO_GPU}"
+    assert warnings == [{"name": NAME, "reason": "Unschedulable", "message": NO_GPU}]
+
+    api.calls.clear()
+    event(pod("b", "PodScheduled", "False", "Unschedulable", NO_GPU))   # the same again: free
+    assert api.calls == []
+
+    event(pod("b", "PodScheduled", "True", None, ""))
+    status = api.get("translationtrainings", NAME)["status"]
+    assert st.condition(status, st.ConditionType.SCHEDULED)["status"] == "True"
+    assert status["message"] == "starting: 0/1 jobs ready"
+    assert len(warnings) == 1
