@@ -24,7 +24,7 @@ test: install
 	$(PY) -m pytest
 
 test-fast: install
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -m "not slow and not cluster"
 
 # Rosetta against Hugging Face's Seq2SeqTrainer (docs/benchmarks.md); BENCH_ARGS="--steps 600 ..."
 BENCH_STAMP := $(VENV)/.installed-bench

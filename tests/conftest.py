@@ -1,14 +1,15 @@
-"""A real control plane for the operator: etcd + kube-apiserver + kube-controller-manager (v1.20).
+"""Control planes for the operator's tests, shared by every folder below tests/.
 
-Here at the top of tests/ so that every folder (integration/, faults/) shares one control plane
-per session: it is only started by the first test that asks for `cluster`.
+Here at the top of tests/ so that every folder (integration/, faults/, cluster/) shares one control
+plane per kind per session: each is only started by the first test that asks for it.
 
-Session scope: the control plane, both CRDs (ours from crd.build_crd(), JobSet's from the shared
-k8s folder next to the repository) and a kubernetes client logged in as a system:masters admin.
-Test scope: a fresh namespace, and the operator itself running in this process (kopf's KopfRunner).
+`cluster`: etcd + kube-apiserver + kube-controller-manager with both CRDs (ours from crd.build_crd(),
+JobSet's from the JobSet release that envtest/versions.env pins) and a kubernetes client logged in as
+a system:masters admin. No JobSet controller runs here: these tests play it by patching JobSet
+.status through its status subresource, to put the operator into states on purpose.
 
-No JobSet controller runs here: tests play it by patching JobSet .status through its status
-subresource. The kube-controller-manager runs only its garbage collector and namespace controller.
+`live_cluster` (tests/cluster/conftest.py) runs the real JobSet controller, Kueue, the scheduler and
+kwok nodes instead: there the controllers act, and nothing is played.
 """
 
 from __future__ import annotations
@@ -17,47 +18,29 @@ import logging
 import os
 import re
 import uuid
-from pathlib import Path
 from typing import Iterator, Optional
 
 import pytest
-import yaml
 
 from kubernetes.client.exceptions import ApiException
 
-from support.cluster import GROUP, JOBSET_CRD, PLURAL, VERSION, Cluster  # also puts tests/envtest on sys.path
-from control_plane import ControlPlane, ControlPlaneError, cache_dir, find_assets  # noqa: E402
+from support.cluster import GROUP, PLURAL, VERSION, Cluster, start_control_plane  # puts tests/envtest on sys.path
+from control_plane import ControlPlaneError  # noqa: E402
+from controllers import install_crds  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
-    if not JOBSET_CRD.exists():
-        pytest.skip(f"the JobSet CRD for a 1.20 apiserver is not at {JOBSET_CRD} (a checkout without ../shared)")
     from rosetta_operator.crd import build_crd
 
-    # The build (first run on a machine, ~5 min) logs here; any failure below names it.
-    log = cache_dir().parent / "build-control-plane.log"
+    cp, assets = start_control_plane()
     try:
-        assets = find_assets(build=True, log=log)
-    except (ControlPlaneError, OSError) as exc:
-        pytest.fail(f"cannot get the control plane binaries: {exc}\n(build log, when built here: {log})",
-                    pytrace=False)
-    cp = ControlPlane(assets)
-    try:
-        cp.start()
-    except (ControlPlaneError, OSError) as exc:
-        cp.stop()
-        pytest.fail(f"cannot start the control plane from {assets.origin}: {exc}\n(build log: {log})",
-                    pytrace=False)
-    try:
-        cluster = Cluster(cp)
-        cluster.install_crd(build_crd())
-        cluster.install_crd(yaml.safe_load(JOBSET_CRD.read_text()))
+        install_crds(cp, assets, components=("jobset",), extra=[build_crd()])
         # After the CRDs: the garbage collector must know JobSets to collect them.
         cp.start_controller_manager()
-        yield cluster
+        yield Cluster(cp)
     except ControlPlaneError as exc:
-        pytest.fail(f"control plane: {exc}\n(build log: {log})", pytrace=False)
+        pytest.fail(f"control plane: {exc}", pytrace=False)
     finally:
         cp.stop()
 
@@ -177,15 +160,21 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     outcome = yield
     report = outcome.get_result()
     if report.failed and call.when == "call":
-        cluster: Optional[Cluster] = item.funcargs.get("cluster") if hasattr(item, "funcargs") else None
+        funcargs = getattr(item, "funcargs", {})
+        cluster: Optional[Cluster] = funcargs.get("cluster") or funcargs.get("live_cluster")
         if cluster is not None:
             report.sections.append(("control plane logs", cluster.logs()))
 
 
+CLUSTER_FIXTURES = ("cluster", "live_cluster")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # The first test that needs the control plane pays for it, which on a machine without
-    # cached binaries means building them from source (minutes on two cores): give every test
-    # that uses it room for that beyond the suite-wide per-test timeout.
+    # Every test on a control plane is in the `cluster` tier (`make test-fast` leaves it out). The
+    # first one pays for the control plane, which on a machine without cached binaries means
+    # building them from source (about 25 minutes on two cores): give it room beyond the
+    # suite-wide per-test timeout.
     for item in items:
-        if "cluster" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.timeout(2700))
+        if any(f in getattr(item, "fixturenames", ()) for f in CLUSTER_FIXTURES):
+            item.add_marker(pytest.mark.cluster)
+            item.add_marker(pytest.mark.timeout(3600))

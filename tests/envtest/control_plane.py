@@ -1,9 +1,9 @@
-"""A real Kubernetes control plane for tests: etcd + kube-apiserver (+ kube-controller-manager).
+"""A real Kubernetes control plane for tests: etcd + kube-apiserver (+ controller manager, scheduler).
 
-Binaries come from $KUBEBUILDER_ASSETS when set (the envtest convention: one folder holding
-kube-apiserver, etcd, kubectl and optionally kube-controller-manager). Otherwise they are built once,
-offline, from Debian's packages by build-control-plane.sh into
-${ROSETTA_ENVTEST_CACHE:-~/.cache/rosetta/envtest}; later runs find them there.
+The binaries are built once from Go modules by build-cluster.sh, at the versions pinned in
+versions.env, into ${ROSETTA_CLUSTER_CACHE:-~/.cache/rosetta/cluster}; later runs find them there.
+Binaries in $KUBEBUILDER_ASSETS (the envtest convention: one folder holding kube-apiserver, etcd,
+kubectl, ...) are used instead of building those, and only the missing ones are built.
 
 Everything binds to 127.0.0.1 on free ports. The apiserver runs with RBAC and a static token file:
 `admin` is in system:masters, so tests can create anything and still ask RBAC questions about other
@@ -11,7 +11,10 @@ subjects (SubjectAccessReview, or impersonation).
 
     with ControlPlane(find_assets()) as cp:
         cp.start_controller_manager()   # after installing CRDs: it discovers resources only every ~30 s
+        cp.start_scheduler()
         subprocess.run([cp.kubectl, "--kubeconfig", cp.kubeconfig, "get", "ns"])
+
+controllers.py adds the JobSet controller, Kueue and kwok on top of it.
 """
 
 from __future__ import annotations
@@ -34,9 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-BUILD_SCRIPT = Path(__file__).with_name("build-control-plane.sh")
-REQUIRED = ("kube-apiserver", "etcd")
-OPTIONAL = ("kube-controller-manager", "kubectl")
+HERE = Path(__file__).resolve().parent
+BUILD_SCRIPT = HERE / "build-cluster.sh"
+VERSIONS_FILE = HERE / "versions.env"
+BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl", "etcd",
+            "jobset-controller", "kueue", "kwok", "helm")
 
 
 class ControlPlaneError(RuntimeError):
@@ -45,68 +50,96 @@ class ControlPlaneError(RuntimeError):
 
 @dataclass(frozen=True)
 class Assets:
-    kube_apiserver: Path
-    etcd: Path
-    kube_controller_manager: Optional[Path]
-    kubectl: Optional[Path]
-    origin: str  # where they came from, for error messages and skip reasons
+    """The built cluster: bin/<binary> and manifests/<component>/ (CRDs, webhooks, kwok stages)."""
+
+    folder: Path
+    origin: str  # where they came from, for error messages
+
+    def bin(self, name: str) -> Path:
+        return self.folder / "bin" / name
+
+    @property
+    def manifests(self) -> Path:
+        return self.folder / "manifests"
+
+    # The names the rest of the tests use.
+    @property
+    def kube_apiserver(self) -> Path:
+        return self.bin("kube-apiserver")
+
+    @property
+    def etcd(self) -> Path:
+        return self.bin("etcd")
+
+    @property
+    def kube_controller_manager(self) -> Path:
+        return self.bin("kube-controller-manager")
+
+    @property
+    def kubectl(self) -> Path:
+        return self.bin("kubectl")
 
 
-def recipe() -> str:
-    """The build recipe's version (RECIPE= in the script); the cache records the one it was built by."""
-    match = re.search(r"^RECIPE=(\S+)", BUILD_SCRIPT.read_text(), re.M)
-    return match.group(1) if match else ""
+def versions() -> dict[str, str]:
+    """versions.env as a dict: the pins every component is built at."""
+    pairs = re.findall(r"^([A-Z_]+)=(\S+)", VERSIONS_FILE.read_text(), re.M)
+    return dict(pairs)
+
+
+def jobset_crd() -> Path:
+    """The JobSet CRD of the pinned release: from the built cluster when there is one, else from the
+    Go module itself (a download of seconds, no build), so unit tests need no cluster."""
+    built = cache_dir() / "manifests" / "jobset" / "jobset.x-k8s.io_jobsets.yaml"
+    if built.exists():
+        return built
+    module = f"sigs.k8s.io/jobset@{versions()['JOBSET_VERSION']}"
+    go_cache = Path(os.environ.get("ROSETTA_GO_CACHE") or "~/.cache/rosetta/go").expanduser()
+    env = {**os.environ, "GOMODCACHE": str(go_cache / "mod"), "GOFLAGS": "-mod=mod"}
+    try:
+        out = subprocess.run(["go", "mod", "download", "-json", module], env=env, capture_output=True, text=True,
+                             timeout=300, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ControlPlaneError(f"cannot download {module} for its CRD (needs Go on PATH): {exc}") from exc
+    folder = Path(re.search(r'"Dir": "([^"]+)"', out).group(1))
+    return folder / "config" / "components" / "crd" / "bases" / "jobset.x-k8s.io_jobsets.yaml"
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("ROSETTA_ENVTEST_CACHE") or "~/.cache/rosetta/envtest").expanduser()
+    return Path(os.environ.get("ROSETTA_CLUSTER_CACHE") or "~/.cache/rosetta/cluster").expanduser()
 
 
-def _pick(folder: Path, names: tuple[str, ...]) -> dict[str, Optional[Path]]:
-    return {n: (folder / n if os.access(folder / n, os.X_OK) else None) for n in names}
-
-
-def _assets(found: dict[str, Optional[Path]], origin: str) -> Assets:
-    return Assets(found["kube-apiserver"], found["etcd"], found["kube-controller-manager"],
-                  found["kubectl"], origin)
+def _complete(folder: Path) -> bool:
+    stamp = folder / "versions.env"
+    return (stamp.exists() and stamp.read_text() == VERSIONS_FILE.read_text()
+            and all(os.access(folder / "bin" / b, os.X_OK) for b in BINARIES))
 
 
 def find_assets(build: bool = True, log: Optional[Path] = None) -> Assets:
-    """KUBEBUILDER_ASSETS if set (never mixed with other binaries: versions must match), else the
-    cache, building it first when it is incomplete."""
-    env = os.environ.get("KUBEBUILDER_ASSETS")
-    if env:
-        found = _pick(Path(env), REQUIRED + OPTIONAL)
-        missing = [n for n in REQUIRED if found[n] is None]
-        if missing:
-            raise ControlPlaneError(f"KUBEBUILDER_ASSETS={env} lacks {', '.join(missing)}")
-        return _assets(found, f"KUBEBUILDER_ASSETS={env}")
-
+    """The cache, built (or completed from $KUBEBUILDER_ASSETS) first when it is not current."""
     folder = cache_dir()
-    found = _pick(folder, REQUIRED + OPTIONAL)
-    stamp = folder / ".recipe"
-    current = stamp.read_text().strip() if stamp.exists() else ""
-    if any(p is None for p in found.values()) or current != recipe():
+    origin = str(folder)
+    if os.environ.get("KUBEBUILDER_ASSETS"):
+        origin += f" (with binaries from KUBEBUILDER_ASSETS={os.environ['KUBEBUILDER_ASSETS']})"
+    if not _complete(folder):
         if not build:
-            raise ControlPlaneError(f"no control plane built by the current recipe in {folder}; "
+            raise ControlPlaneError(f"no cluster built from {VERSIONS_FILE} in {folder}; "
                                     f"run {BUILD_SCRIPT} {folder}")
         build_assets(folder, log)
-        found = _pick(folder, REQUIRED + OPTIONAL)
-    return _assets(found, str(folder))
+    return Assets(folder, origin)
 
 
 def build_assets(folder: Path, log: Optional[Path] = None) -> None:
-    log = log or folder.parent / "build-control-plane.log"
+    log = log or folder.parent / "build-cluster.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    # pytest captures output; a silent five-minute pause would look like a hang.
-    print(f"\nbuilding the test control plane into {folder} (first run only, ~5 min); log: {log}",
+    # pytest captures output; a silent twenty-minute pause would look like a hang.
+    print(f"\nbuilding the test cluster into {folder} (first run only, ~25 min on 2 cores); log: {log}",
           file=sys.__stderr__, flush=True)
     started = time.monotonic()
-    with open(log, "wb") as out:
+    with open(log, "ab") as out:
         rc = subprocess.call([str(BUILD_SCRIPT), str(folder)], stdout=out, stderr=subprocess.STDOUT)
     if rc != 0:
         raise ControlPlaneError(f"{BUILD_SCRIPT} failed (exit {rc}); last lines of {log}:\n{_tail(log)}")
-    print(f"control plane built in {time.monotonic() - started:.0f} s", file=sys.__stderr__, flush=True)
+    print(f"test cluster built in {time.monotonic() - started:.0f} s", file=sys.__stderr__, flush=True)
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -151,8 +184,8 @@ class ControlPlane:
         return f"https://127.0.0.1:{self.port}"
 
     @property
-    def kubectl(self) -> Optional[str]:
-        return str(self.assets.kubectl) if self.assets.kubectl else None
+    def kubectl(self) -> str:
+        return str(self.assets.kubectl)
 
     def __enter__(self) -> "ControlPlane":
         self.start()
@@ -172,24 +205,45 @@ class ControlPlane:
             self.stop()
             raise
 
-    def start_controller_manager(self) -> None:
-        """Garbage collection (ownerReferences) and namespace deletion. Start it once the CRDs exist:
-        it rediscovers API resources only every ~30 s, and children of unknown kinds are not collected."""
+    def start_controller_manager(self, controllers: str = "*") -> None:
+        """Every default controller (Job, garbage collector, namespace, service accounts, node
+        lifecycle, ...). Start it once the CRDs exist: it rediscovers API resources only every ~30 s,
+        and children of unknown kinds are not collected until then."""
         if "kube-controller-manager" in self.procs:
             return
-        if self.assets.kube_controller_manager is None:
-            raise ControlPlaneError(f"no kube-controller-manager in {self.assets.origin}")
+        w = self.workdir
         self._spawn("kube-controller-manager", [
             str(self.assets.kube_controller_manager),
             f"--kubeconfig={self.kubeconfig}",
-            "--controllers=garbagecollector,namespace",
+            f"--controllers={controllers}",
             "--leader-elect=false",
             # No serving at all: nothing scrapes it, and fixed default ports would collide.
-            "--port=0", "--secure-port=0",
+            "--secure-port=0",
             "--concurrent-gc-syncs=5",
+            # Service-account tokens and the kube-root-ca.crt ConfigMap that every pod mounts.
+            f"--service-account-private-key-file={w / 'sa.key'}",
+            f"--root-ca-file={w / 'certs' / 'apiserver.crt'}",
+            "--use-service-account-credentials=false",
+            # Simulated nodes come and go with the tests; no cloud provider, no node IPAM.
+            "--cluster-cidr=10.244.0.0/16", "--allocate-node-cidrs=false",
+            "--node-monitor-grace-period=40s",
         ])
         time.sleep(0.5)
         self._check_alive("kube-controller-manager")
+
+    def start_scheduler(self) -> None:
+        if "kube-scheduler" in self.procs:
+            return
+        self._spawn("kube-scheduler", [
+            str(self.assets.bin("kube-scheduler")),
+            f"--kubeconfig={self.kubeconfig}",
+            f"--authentication-kubeconfig={self.kubeconfig}",
+            f"--authorization-kubeconfig={self.kubeconfig}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
+        ])
+        time.sleep(0.5)
+        self._check_alive("kube-scheduler")
 
     def stop_apiserver(self) -> None:
         """SIGTERM the kube-apiserver alone (etcd keeps the state), as a rolling upgrade does."""
@@ -260,7 +314,7 @@ class ControlPlane:
             str(self.assets.kube_apiserver),
             f"--etcd-servers={etcd_url}",
             "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
-            f"--secure-port={self.port}", "--insecure-port=0",
+            f"--secure-port={self.port}",
             f"--cert-dir={w / 'certs'}",
             f"--token-auth-file={w / 'tokens.csv'}",
             "--authorization-mode=RBAC",
@@ -269,8 +323,8 @@ class ControlPlane:
             "--service-account-issuer=https://kubernetes.default.svc",
             "--service-cluster-ip-range=10.0.0.0/24",
             "--allow-privileged=true",
-            # No ServiceAccount controller runs, so pods would wait forever for their SA token.
-            "--disable-admission-plugins=ServiceAccount",
+            # 10 s instead of 5 min before a pod on a lost node is evicted: node-failure tests.
+            "--default-not-ready-toleration-seconds=10", "--default-unreachable-toleration-seconds=10",
             "--enable-priority-and-fairness=false",
         ])
 
@@ -329,6 +383,7 @@ if __name__ == "__main__":
     # `python tests/envtest/control_plane.py` builds (if needed) and serves until ^C: handy to poke at.
     with ControlPlane(find_assets()) as cp:
         cp.start_controller_manager()
+        cp.start_scheduler()
         print(f"export KUBECONFIG={cp.kubeconfig}", flush=True)
         try:
             signal.pause()

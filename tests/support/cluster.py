@@ -14,11 +14,9 @@ from typing import Any, Callable
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED_K8S = REPO.parent / "shared" / "k8s"
-JOBSET_CRD = SHARED_K8S / "jobset-crd-v0.12.0-k8s1.20.yaml"
 
 sys.path.insert(0, str(REPO / "tests" / "envtest"))
-from control_plane import ControlPlane  # noqa: E402
+from control_plane import Assets, ControlPlane, ControlPlaneError, cache_dir, find_assets  # noqa: E402
 
 GROUP, VERSION, PLURAL = "rosetta.dev", "v1alpha1", "translationtrainings"
 JS_GROUP, JS_VERSION, JS_PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
@@ -39,6 +37,22 @@ def wait_for(check: Callable[[], Any], what: str, timeout: float = TIMEOUT) -> A
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}; last seen: {last!r}")
         time.sleep(POLL)
+
+
+def start_control_plane() -> tuple[ControlPlane, Assets]:
+    """Build (first run on a machine) and start etcd + kube-apiserver; fail the test clearly."""
+    log = cache_dir().parent / "build-cluster.log"
+    try:
+        assets = find_assets(build=True, log=log)
+    except (ControlPlaneError, OSError) as exc:
+        pytest.fail(f"cannot get the cluster binaries: {exc}\n(build log, when built here: {log})", pytrace=False)
+    cp = ControlPlane(assets)
+    try:
+        cp.start()
+    except (ControlPlaneError, OSError) as exc:
+        cp.stop()
+        pytest.fail(f"cannot start the control plane from {assets.origin}: {exc}", pytrace=False)
+    return cp, assets
 
 
 class Cluster:
@@ -88,7 +102,7 @@ class Cluster:
 
     def play_jobset(self, namespace: str, name: str, *, ready: int, active: int, restarts: int = 0) -> None:
         """Write JobSet status as the JobSet controller would (one replicated job, `node`)."""
-        body = {"status": {"restarts": restarts, "replicatedJobsStatus": [
+        body = {"status": {"restarts": restarts, "restartsCountTowardsMax": restarts, "replicatedJobsStatus": [
             {"name": "node", "ready": ready, "active": active, "succeeded": 0, "failed": 0, "suspended": 0}]}}
         self.custom.patch_namespaced_custom_object_status(JS_GROUP, JS_VERSION, namespace, JS_PLURAL, name, body)
 
@@ -96,8 +110,8 @@ class Cluster:
 class OperatorProcess:
     """`rosetta operator ARGS` as deployed: its own process, logging to the control plane's workdir."""
 
-    def __init__(self, cluster: Cluster, log_name: str, *args: str):
-        env = {**os.environ, "KUBECONFIG": cluster.kubeconfig}
+    def __init__(self, cluster: Cluster, log_name: str, *args: str, kubeconfig: str = ""):
+        env = {**os.environ, "KUBECONFIG": kubeconfig or cluster.kubeconfig}
         env.pop("KUBERNETES_SERVICE_HOST", None)  # never the cluster this test process may run in
         self.log = Path(cluster.cp.workdir) / f"{log_name}.log"
         with open(self.log, "wb") as out:

@@ -1,0 +1,127 @@
+"""The `cluster` tier: Kubernetes itself acts on what the operator creates.
+
+One session-wide cluster built from the versions in tests/envtest/versions.env: etcd, kube-apiserver,
+kube-controller-manager (Job controller, garbage collector, ...), kube-scheduler, the JobSet controller
+with its webhooks, Kueue, and kwok simulating GPU and CPU nodes shaped like the network profiles'
+instance types. Nothing here patches a status the way a controller "would": pods are scheduled by the
+scheduler, created by the Job controller for the Jobs the JobSet controller made, and run by kwok
+until a test ends their container (`end_pod`) or evicts them.
+
+The operator runs as its own process (`rosetta operator`), watching each test's namespace.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Iterator
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from support.cluster import GROUP, PLURAL, VERSION, Cluster, OperatorProcess, start_control_plane
+from control_plane import ControlPlaneError, free_port
+from controllers import (EXIT_CODE_ANNOTATION, NODE_POOLS, Kwok, install_crds, start_jobset, start_kueue,
+                         start_kwok)
+
+# The simulated fleet: enough nodes of each shape for every example in manifests/examples.
+FLEET = {"p5": 2, "p4d": 1, "a3": 2, "g5-12x": 2, "g5-4x": 4, "cpu": 2}
+
+
+class LiveCluster(Cluster):
+    """A Cluster whose controllers are real; `kwok` adds nodes."""
+
+    def __init__(self, cp, kwok: Kwok):
+        super().__init__(cp)
+        self.kwok = kwok
+
+    def pods(self, namespace: str, jobset: str = "") -> list:
+        selector = f"jobset.sigs.k8s.io/jobset-name={jobset}" if jobset else None
+        return self.core.list_namespaced_pod(namespace, label_selector=selector).items
+
+    def end_pod(self, namespace: str, name: str, exit_code: int) -> None:
+        """The pod's container exits with `exit_code` (kwok_stages.yaml's rosetta-pod-exit)."""
+        self.core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": {
+            EXIT_CODE_ANNOTATION: str(exit_code)}}})
+
+    def evict(self, namespace: str, name: str) -> None:
+        """Through the eviction API, as `kubectl drain`, a spot reclaim or a preemption does: the
+        apiserver sets the DisruptionTarget condition before the pod is deleted."""
+        self.core.create_namespaced_pod_eviction(name, namespace, {
+            "apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}})
+
+
+@pytest.fixture(scope="session")
+def live_cluster() -> Iterator[LiveCluster]:
+    from rosetta_operator.crd import build_crd
+
+    cp, assets = start_control_plane()
+    try:
+        install_crds(cp, assets, components=("jobset", "kueue"), extra=[build_crd()])
+        cp.start_controller_manager()
+        cp.start_scheduler()
+        start_jobset(cp, assets)
+        start_kueue(cp, assets)
+        kwok = start_kwok(cp, assets)
+        for pool, count in FLEET.items():
+            kwok.add_nodes(NODE_POOLS[pool], count)
+        yield LiveCluster(cp, kwok)
+    except ControlPlaneError as exc:
+        pytest.fail(f"cluster: {exc}", pytrace=False)
+    finally:
+        cp.stop()
+
+
+@pytest.fixture
+def live_namespace(live_cluster: LiveCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    base = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"{base}-{uuid.uuid4().hex[:5]}"
+    live_cluster.core.create_namespace({"metadata": {"name": name}})
+    yield name
+    # Finalizers of the operator's daemons: nobody else would remove them once it has stopped.
+    for training in live_cluster.trainings(name):
+        try:
+            live_cluster.custom.patch_namespaced_custom_object(GROUP, VERSION, name, PLURAL, training,
+                                                               {"metadata": {"finalizers": None}})
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+    live_cluster.core.delete_namespace(name)
+
+
+class LiveOperator:
+    """`rosetta operator --namespace NS`, restartable."""
+
+    def __init__(self, cluster: LiveCluster, namespace: str):
+        self.cluster, self.namespace, self.starts = cluster, namespace, 0
+        self.proc: OperatorProcess | None = None
+
+    def start(self) -> None:
+        self.starts += 1
+        port = free_port()
+        self.proc = OperatorProcess(self.cluster, f"operator-{self.namespace}-{self.starts}", "--namespace",
+                                    self.namespace, "--liveness-port", str(port), "--metrics-port", "0",
+                                    "--progress-interval", "2")
+        self.proc.wait_healthy(port)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()
+            self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def log(self) -> str:
+        return self.proc.tail() if self.proc else ""
+
+
+@pytest.fixture
+def live_operator(live_cluster: LiveCluster, live_namespace: str) -> Iterator[LiveOperator]:
+    op = LiveOperator(live_cluster, live_namespace)
+    op.start()
+    try:
+        yield op
+    finally:
+        op.stop()

@@ -1,0 +1,85 @@
+"""Every example in manifests/examples, applied with kubectl as a user would, taken by the real
+controllers as far as a cluster without GPUs can take it: the JobSet webhook defaults and admits the
+JobSet, the JobSet controller makes the Job, the Job controller the pods, the scheduler binds each pod
+to a node of the instance type its profile or nodeSelector asks for, and kwok runs it."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from support.cluster import wait_for
+from workloads import in_namespace, jobset, kueue_queue, provision, running_pods, status
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((REPO / "manifests" / "examples").glob("*.yaml"))
+
+
+def kubectl(cluster, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([cluster.kubectl, "--kubeconfig", cluster.kubeconfig, *args], input=stdin,
+                          capture_output=True, text=True, timeout=60)
+
+
+def gpus_of(pod_spec) -> int:
+    return int((pod_spec.containers[0].resources.requests or {}).get("nvidia.com/gpu", 0))
+
+
+def tolerates(pod_spec, taint) -> bool:
+    return any(t.operator == "Exists" and t.key in (None, taint.key) and t.effect in (None, taint.effect)
+               or (t.key == taint.key and t.value == taint.value and t.effect in (None, taint.effect))
+               for t in pod_spec.tolerations or [])
+
+
+def expected_nodes(cluster, pod_spec) -> set[str]:
+    """The nodes whose labels satisfy the pod's nodeSelector, whose taints it tolerates, and that
+    have as many GPUs as it asks for."""
+    wanted = pod_spec.node_selector or {}
+    nodes = set()
+    for node in cluster.core.list_node().items:
+        labels = node.metadata.labels or {}
+        if not all(labels.get(k) == v for k, v in wanted.items()):
+            continue
+        if int(node.status.allocatable.get("nvidia.com/gpu", 0)) < gpus_of(pod_spec):
+            continue
+        if all(tolerates(pod_spec, t) for t in node.spec.taints or [] if t.effect == "NoSchedule"):
+            nodes.add(node.metadata.name)
+    return nodes
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_example_runs_on_nodes_of_its_profile(live_cluster, live_namespace, live_operator, path: Path):
+    doc = yaml.safe_load(path.read_text())
+    name = doc["metadata"]["name"]
+    doc = in_namespace(doc, live_namespace)
+    provision(live_cluster, live_namespace, doc)
+    queue = (doc["spec"].get("scheduling") or {}).get("queueName")
+    if queue:
+        kueue_queue(live_cluster, live_namespace, queue, f"cq-{live_namespace}"[:63], gpus=64)
+
+    applied = kubectl(live_cluster, "apply", "-f", "-", stdin=yaml.safe_dump(doc))
+    assert applied.returncode == 0, applied.stderr
+
+    js = wait_for(lambda: jobset(live_cluster, live_namespace, name), f"the JobSet of {name}", timeout=30)
+    # Only the JobSet webhook sets these (the CRD schema has no default for them): it ran.
+    assert js["spec"]["startupPolicy"]["startupPolicyOrder"] == "AnyOrder"
+    assert js["spec"]["successPolicy"]["operator"] == "All"
+
+    nodes = doc["spec"]["nodes"]
+    pods = wait_for(lambda: (p := running_pods(live_cluster, live_namespace, name)) and len(p) == nodes and p,
+                    f"{nodes} running pods of {name}", timeout=90)
+    allowed = expected_nodes(live_cluster, pods[0].spec)
+    assert allowed, "no node of the fleet matches the example: the fleet in conftest.py needs that shape"
+    placed = {p.spec.node_name for p in pods}
+    assert placed <= allowed, f"pods on {placed}, expected only nodes among {allowed}"
+    if gpus_of(pods[0].spec):
+        # Each pod asks for all of a node's GPUs (or the one it has): one pod per node.
+        assert len(placed) == nodes
+
+    got = wait_for(lambda: (s := status(live_cluster, live_namespace, name)).get("phase") == "Running" and s,
+                   f"{name} Running", timeout=60)
+    assert got["nodes"] == nodes
+    listed = kubectl(live_cluster, "get", "translationtrainings", "-n", live_namespace)
+    assert name in listed.stdout and "Running" in listed.stdout, listed.stdout + listed.stderr

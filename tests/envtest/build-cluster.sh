@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# Builds the test cluster's binaries from Go modules, at the versions pinned in versions.env:
+#   kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl  (k8s.io/kubernetes)
+#   etcd                                                                       (go.etcd.io/etcd/server/v3)
+#   jobset-controller + its CRDs and webhook manifests                          (sigs.k8s.io/jobset)
+#   kueue + its CRDs and webhook manifests                                      (sigs.k8s.io/kueue)
+#   kwok + its stage manifests                                                  (sigs.k8s.io/kwok)
+#   helm                                                                        (helm.sh/helm/v3)
+#
+# Usage: build-cluster.sh OUTDIR   -> OUTDIR/bin/<binary>, OUTDIR/manifests/<component>/
+#
+# Each component is built once and stamped with the recipe that built it, so a second call returns at
+# once and a bump of one version rebuilds only that component. The Go module and build caches live in
+# ${ROSETTA_GO_CACHE:-~/.cache/rosetta/go}, so a rebuild after a bump recompiles only what changed.
+# Binaries already in $KUBEBUILDER_ASSETS (kube-apiserver, etcd, kubectl, ...) are linked, not built.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=versions.env
+. "$HERE/versions.env"
+OUT=${1:?usage: build-cluster.sh OUTDIR}
+mkdir -p "$OUT/bin" "$OUT/manifests" "$OUT/stamps"; OUT=$(cd "$OUT" && pwd)
+
+GO_CACHE=${ROSETTA_GO_CACHE:-$HOME/.cache/rosetta/go}
+export GOMODCACHE=$GO_CACHE/mod GOCACHE=$GO_CACHE/build GOFLAGS=-mod=mod CGO_ENABLED=0 GOTOOLCHAIN=local
+export GOPROXY=${GOPROXY:-https://proxy.golang.org,direct}
+command -v go >/dev/null || { echo "build-cluster.sh: needs Go (1.26 or newer) on PATH" >&2; exit 1; }
+
+# Two test sessions starting at once on a fresh machine must not build into the same folder.
+exec 9>"$OUT/.build.lock"
+flock 9
+
+stamp_of() { echo "$RECIPE $*"; }
+is_built() {  # is_built NAME STAMP BINARIES...
+  local name=$1 want=$2; shift 2
+  [ "$(cat "$OUT/stamps/$name" 2>/dev/null)" = "$want" ] || return 1
+  for b in "$@"; do [ -x "$OUT/bin/$b" ] || return 1; done
+}
+mark_built() { echo "$2" > "$OUT/stamps/$1"; }
+log() { echo "[build-cluster $(date +%H:%M:%S)] $*"; }
+# Binaries land under temporary names first: a killed build never leaves a half-written one.
+install_bin() { chmod +x "$1"; mv -f "$1" "$OUT/bin/$2"; }
+from_assets() {  # from_assets BINARY: link it from $KUBEBUILDER_ASSETS when that folder has it
+  [ -n "${KUBEBUILDER_ASSETS:-}" ] && [ -x "$KUBEBUILDER_ASSETS/$1" ] || return 1
+  ln -sf "$KUBEBUILDER_ASSETS/$1" "$OUT/bin/$1"
+}
+
+module_dir() { go mod download -json "$1" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p'; }
+
+# A small wrapper module that requires the component's module at the pinned version and builds its
+# main package as a dependency. (`go install pkg@version` would be shorter, but it reads the module's
+# version list for deprecation notices, and the proxy does not list every module's versions.)
+go_build() {  # go_build NAME MODULE@VERSION PACKAGE BINARY [LDFLAGS]
+  local w="$OUT/.work-$1"; rm -rf "$w"; mkdir -p "$w"
+  printf 'module rosetta.test/%s\n\ngo 1.26\n\nrequire %s %s\n' "$1" "${2%@*}" "${2#*@}" > "$w/go.mod"
+  (cd "$w" && go build -trimpath -ldflags="-s -w ${5:-}" -o "$w/$4" "$3")
+  install_bin "$w/$4" "$4"; rm -rf "$w"
+}
+
+# k8s.io/kubernetes points its k8s.io/* staging modules at ./staging with replace directives, which
+# `go install pkg@version` refuses. A small wrapper module replaces them with the published v0.X.Y
+# modules of the same release instead; the cmd packages then build as dependencies of it.
+build_kubernetes() {
+  local bins="kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl"
+  local stamp; stamp=$(stamp_of "$KUBERNETES_VERSION")
+  is_built kubernetes "$stamp" $bins && return 0
+  local missing=""
+  for b in $bins; do from_assets "$b" || missing="$missing $b"; done
+  if [ -n "$missing" ]; then
+    log "kubernetes $KUBERNETES_VERSION:$missing (about 12 minutes on 2 cores)"
+    local w="$OUT/.work-kubernetes"; rm -rf "$w"; mkdir -p "$w"
+    local kdir staging; kdir=$(module_dir "k8s.io/kubernetes@$KUBERNETES_VERSION")
+    staging="v0.${KUBERNETES_VERSION#v1.}"
+    {
+      echo "module rosetta.test/kubernetes"; echo; echo "go 1.26"; echo
+      echo "require k8s.io/kubernetes $KUBERNETES_VERSION"; echo
+      sed -n 's#^\s*\(k8s.io/[a-z0-9-]*\) => ./staging/.*#replace \1 => \1 '"$staging"'#p' "$kdir/go.mod"
+    } > "$w/go.mod"
+    grep -q '^replace k8s.io/api ' "$w/go.mod" || { echo "no staging replaces found in $kdir/go.mod" >&2; exit 1; }
+    {
+      echo "//go:build tools"; echo; echo "package tools"; echo; echo "import ("
+      for b in $missing; do echo "	_ \"k8s.io/kubernetes/cmd/$b/app\""; done
+      echo ")"
+    } > "$w/tools.go"
+    # kubectl's main package has no app/ package; its command lives in k8s.io/kubectl.
+    sed -i 's#k8s.io/kubernetes/cmd/kubectl/app#k8s.io/kubectl/pkg/cmd#' "$w/tools.go"
+    (cd "$w" && go mod tidy)
+    local v=k8s.io/component-base/version minor=${KUBERNETES_VERSION#v1.}; minor=${minor%%.*}
+    local ldflags="-X $v.gitVersion=$KUBERNETES_VERSION -X $v.gitMajor=1 -X $v.gitMinor=$minor"
+    ldflags="$ldflags -X $v.gitTreeState=clean -X $v.buildDate=1970-01-01T00:00:00Z"
+    ldflags="$ldflags -X k8s.io/client-go/pkg/version.gitVersion=$KUBERNETES_VERSION"
+    local pkgs=""; for b in $missing; do pkgs="$pkgs k8s.io/kubernetes/cmd/$b"; done
+    mkdir -p "$w/bin"
+    (cd "$w" && go build -trimpath -ldflags="-s -w $ldflags" -o "$w/bin/" $pkgs)
+    for b in $missing; do install_bin "$w/bin/$b" "$b"; done
+    rm -rf "$w"
+  fi
+  mark_built kubernetes "$stamp"
+}
+
+# etcd's server module replaces its sibling modules with ../ paths; the same wrapper trick applies.
+build_etcd() {
+  local stamp; stamp=$(stamp_of "$ETCD_VERSION")
+  is_built etcd "$stamp" etcd && return 0
+  if ! from_assets etcd; then
+    log "etcd $ETCD_VERSION"
+    local w="$OUT/.work-etcd"; rm -rf "$w"; mkdir -p "$w"
+    printf 'module rosetta.test/etcd\n\ngo 1.26\n\nrequire go.etcd.io/etcd/server/v3 %s\n' "$ETCD_VERSION" > "$w/go.mod"
+    printf '//go:build tools\n\npackage tools\n\nimport _ "go.etcd.io/etcd/server/v3/etcdmain"\n' > "$w/tools.go"
+    (cd "$w" && go mod tidy && go build -trimpath -ldflags="-s -w" -o "$w/etcd" go.etcd.io/etcd/server/v3)
+    install_bin "$w/etcd" etcd; rm -rf "$w"
+  fi
+  mark_built etcd "$stamp"
+}
+
+# Controllers: the binary plus the manifests that ship in the same module (CRDs, webhook configurations),
+# so the CRDs always match the controller that serves them.
+build_jobset() {
+  local stamp; stamp=$(stamp_of "$JOBSET_VERSION")
+  is_built jobset "$stamp" jobset-controller && return 0
+  log "jobset $JOBSET_VERSION"
+  go_build jobset "sigs.k8s.io/jobset@$JOBSET_VERSION" sigs.k8s.io/jobset jobset-controller
+  local src; src=$(module_dir "sigs.k8s.io/jobset@$JOBSET_VERSION")
+  rm -rf "$OUT/manifests/jobset"; mkdir -p "$OUT/manifests/jobset"
+  cp "$src"/config/components/crd/bases/*.yaml "$src/config/components/webhook/manifests.yaml" "$OUT/manifests/jobset/"
+  chmod -R u+w "$OUT/manifests/jobset"
+  mark_built jobset "$stamp"
+}
+
+build_kueue() {
+  local stamp; stamp=$(stamp_of "$KUEUE_VERSION")
+  is_built kueue "$stamp" kueue && return 0
+  log "kueue $KUEUE_VERSION"
+  go_build kueue "sigs.k8s.io/kueue@$KUEUE_VERSION" sigs.k8s.io/kueue/cmd/kueue kueue
+  local src; src=$(module_dir "sigs.k8s.io/kueue@$KUEUE_VERSION")
+  rm -rf "$OUT/manifests/kueue"; mkdir -p "$OUT/manifests/kueue"
+  cp "$src"/config/components/crd/bases/*.yaml "$src/config/components/webhook/manifests.yaml" "$OUT/manifests/kueue/"
+  chmod -R u+w "$OUT/manifests/kueue"
+  mark_built kueue "$stamp"
+}
+
+build_kwok() {
+  local stamp; stamp=$(stamp_of "$KWOK_VERSION")
+  is_built kwok "$stamp" kwok && return 0
+  log "kwok $KWOK_VERSION"
+  go_build kwok "sigs.k8s.io/kwok@$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok kwok
+  local src; src=$(module_dir "sigs.k8s.io/kwok@$KWOK_VERSION")
+  rm -rf "$OUT/manifests/kwok"; mkdir -p "$OUT/manifests/kwok"
+  cp -r "$src"/kustomize/crd/bases "$OUT/manifests/kwok/crd"
+  cp -r "$src"/kustomize/stage "$OUT/manifests/kwok/stage"
+  chmod -R u+w "$OUT/manifests/kwok"
+  mark_built kwok "$stamp"
+}
+
+build_helm() {
+  local stamp; stamp=$(stamp_of "$HELM_VERSION")
+  is_built helm "$stamp" helm && return 0
+  log "helm $HELM_VERSION"
+  go_build helm "helm.sh/helm/v3@$HELM_VERSION" helm.sh/helm/v3/cmd/helm helm "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+  mark_built helm "$stamp"
+}
+
+started=$(date +%s)
+for component in ${ROSETTA_CLUSTER_COMPONENTS:-etcd kubernetes jobset kueue kwok helm}; do
+  "build_$component"
+done
+cp "$HERE/versions.env" "$OUT/versions.env"
+log "cluster binaries ready in $OUT/bin ($(( $(date +%s) - started )) s)"
