@@ -1,10 +1,9 @@
 """The operator at scale: N TranslationTrainings against a real control plane.
 
-Starts etcd + kube-apiserver (tests/envtest/control_plane.py; binaries from $KUBEBUILDER_ASSETS or
-the envtest cache, built on first use), installs the TranslationTraining CRD and the JobSet CRD
-(../shared/k8s/jobset-crd-v0.12.0-k8s1.20.yaml), runs `rosetta operator` as a separate process, then
-creates --count trainings spread over --namespaces namespaces at --rate per second (in bursts of
---burst) and measures:
+Starts etcd + kube-apiserver (tests/envtest/control_plane.py; the cluster that
+tests/envtest/versions.env pins, built on first use), installs the TranslationTraining CRD and the
+JobSet CRD of the pinned release, runs `rosetta operator` as a separate process, then creates --count
+trainings spread over --namespaces namespaces at --rate per second (in bursts of --burst) and measures:
 
 - create→JobSet latency per training: from the create call returning to the JobSet's ADDED event
   on a cluster-wide JobSet watch started before the first create (p50/p90/p99/max);
@@ -14,11 +13,16 @@ creates --count trainings spread over --namespaces namespaces at --rate per seco
 - correctness: exactly N JobSets (no duplicates, each owned by its training), N ConfigMaps, and
   status.phase on every training.
 
-No JobSet controller runs, so the JobSets stay without status and the trainings stay Pending
-(their steady state until the cluster schedules the gang). The spec is the quickstart's
+Without --live no controller runs, so the JobSets stay without status and the trainings stay Pending
+(their steady state until the cluster schedules the gang): the operator's own cost. With --live the
+whole stack acts as in tests/cluster: the controller manager (Job controller, garbage collector), the
+scheduler, the JobSet controller with its webhooks and kwok nodes, and the bench also measures
+create→all-pods-Running per training (from a cluster-wide pod watch) and the time until every training
+is Running; the control plane's CPU is then reported per component. The spec is the quickstart's
 (2 nodes, metrics.port 0); --spec-metrics-port 9400 gives every training a progress daemon too.
 
     .venv/bin/python bench/operator_scale.py                       # 1000 trainings, 1 namespace
+    .venv/bin/python bench/operator_scale.py --live --output bench/results/operator_scale_live.json
     .venv/bin/python bench/operator_scale.py --count 200 --rate 20 --namespaces 4 --all-namespaces
     make bench-operator OPERATOR_BENCH_ARGS="--count 500"
 
@@ -55,9 +59,13 @@ import psutil  # noqa: E402
 import yaml  # noqa: E402
 
 from control_plane import ControlPlane, find_assets, free_port  # noqa: E402
+from controllers import NodePool, install_crds, start_jobset, start_kwok  # noqa: E402
 
-JOBSET_CRD = REPO.parent / "shared" / "k8s" / "jobset-crd-v0.12.0-k8s1.20.yaml"
+# Roomy simulated nodes: the bench measures the control loop, not bin-packing.
+BENCH_POOL = NodePool("bench", {"cpu": "1000", "memory": "8000Gi", "pods": "500", "ephemeral-storage": "100Ti"},
+                      {"node.kubernetes.io/instance-type": "bench"})
 GROUP, VERSION, PLURAL = "rosetta.dev", "v1alpha1", "translationtrainings"
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 JS_GROUP, JS_VERSION, JS_PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 SAMPLE_EVERY = 0.5
 
@@ -84,18 +92,6 @@ def mib(n: Optional[int]) -> Optional[float]:
 
 
 # ------------------------------------------------------------------------------ cluster
-
-
-def install_crd(ext, crd: dict, timeout: float = 60) -> None:
-    ext.create_custom_resource_definition(crd)
-    name = crd["metadata"]["name"]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = ext.read_custom_resource_definition(name)
-        if any(c.type == "Established" and c.status == "True" for c in got.status.conditions or []):
-            return
-        time.sleep(0.1)
-    raise RuntimeError(f"CRD {name} not Established after {timeout} s")
 
 
 def training_body(name: str, namespace: str, template: dict) -> dict:
@@ -167,6 +163,65 @@ class JobSetWatch(threading.Thread):
                     return False
                 self.changed.wait(min(left, 1.0))
         return True
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.watch.stop()
+
+
+class PodWatch(threading.Thread):
+    """A cluster-wide watch on the trainings' pods: the monotonic time at which every pod of a
+    JobSet was first Running at once."""
+
+    def __init__(self, api_client, pods_per_jobset: int):
+        super().__init__(daemon=True, name="pod-watch")
+        import kubernetes
+
+        self.core = kubernetes.client.CoreV1Api(api_client)
+        self.watch = kubernetes.watch.Watch()
+        self.want = pods_per_jobset
+        self.running: dict[tuple[str, str], set[str]] = {}
+        self.all_running: dict[tuple[str, str], float] = {}
+        self.lock = threading.Lock()
+        self.stopping = False
+        self.resource_version = self.core.list_pod_for_all_namespaces(limit=1).metadata.resource_version
+        self.ready = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping:
+            try:
+                stream = self.watch.stream(self.core.list_pod_for_all_namespaces, label_selector=JOBSET_NAME_LABEL,
+                                           resource_version=self.resource_version, timeout_seconds=3600)
+                self.ready.set()
+                for event in stream:
+                    now = time.monotonic()
+                    pod = event["object"]
+                    self.resource_version = pod.metadata.resource_version
+                    key = (pod.metadata.namespace, pod.metadata.labels[JOBSET_NAME_LABEL])
+                    with self.lock:
+                        running = self.running.setdefault(key, set())
+                        if event["type"] != "DELETED" and pod.status.phase == "Running":
+                            running.add(pod.metadata.name)
+                        else:
+                            running.discard(pod.metadata.name)
+                        if len(running) >= self.want:
+                            self.all_running.setdefault(key, now)
+                    if self.stopping:
+                        return
+            except Exception as exc:  # a dropped stream: resume from the last version seen
+                if self.stopping:
+                    return
+                log(f"pod watch restarted ({type(exc).__name__}: {exc})")
+                time.sleep(0.2)
+
+    def wait_for(self, keys: set, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                if keys.issubset(self.all_running.keys()):
+                    return True
+            time.sleep(0.2)
+        return False
 
     def stop(self) -> None:
         self.stopping = True
@@ -271,6 +326,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                          "(past kopf's per-object worker idle timeout)")
     ap.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "operator_scale.json")
     ap.add_argument("--keep-logs", type=Path, help="copy the operator and control-plane logs here")
+    ap.add_argument("--live", action="store_true",
+                    help="run the controller manager, scheduler, JobSet controller and kwok nodes too, and "
+                         "measure create→all-pods-Running")
+    ap.add_argument("--kwok-nodes", type=int, default=8, help="with --live: simulated nodes (500 pods each)")
     args = ap.parse_args(argv)
 
     import kubernetes
@@ -286,6 +345,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     cp = ControlPlane(assets, workdir / "cp")
     operator: Optional[subprocess.Popen] = None
     watch: Optional[JobSetWatch] = None
+    pod_watch: Optional[PodWatch] = None
     sampler: Optional[Sampler] = None
     try:
         log(f"starting the control plane ({assets.origin})")
@@ -296,8 +356,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         api = kubernetes.client.ApiClient(cfg)
         core = kubernetes.client.CoreV1Api(api)
         custom = kubernetes.client.CustomObjectsApi(api)
-        install_crd(kubernetes.client.ApiextensionsV1Api(api), build_crd())
-        install_crd(kubernetes.client.ApiextensionsV1Api(api), yaml.safe_load(JOBSET_CRD.read_text()))
+        install_crds(cp, assets, components=("jobset",), extra=[build_crd()])
+        if args.live:
+            log("starting the controller manager, scheduler, JobSet controller and kwok")
+            cp.start_controller_manager()
+            cp.start_scheduler()
+            start_jobset(cp, assets)
+            start_kwok(cp, assets).add_nodes(BENCH_POOL, args.kwok_nodes)
         for ns in [warmup_ns, *namespaces]:
             core.create_namespace({"metadata": {"name": ns}})
 
@@ -320,6 +385,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         watch = JobSetWatch(api)
         watch.start()
         watch.ready.wait(30)
+        if args.live:
+            pod_watch = PodWatch(api, args.nodes)
+            pod_watch.start()
+            pod_watch.ready.wait(30)
         # One training first, in its own namespace: the operator's watches are up once it has a JobSet.
         started = time.monotonic()
         custom.create_namespaced_custom_object(GROUP, VERSION, warmup_ns, PLURAL,
@@ -398,6 +467,18 @@ def main(argv: Optional[list[str]] = None) -> int:
                 break
             time.sleep(0.5)
         phases_done = time.monotonic()
+        running_done, to_running = None, []
+        if pod_watch is not None:
+            pod_watch.wait_for(all_live, max(60.0, args.timeout - (phases_done - t0)))
+            while True:  # and the operator has said so: every training Running
+                phase_counts, _ = phases()
+                if phase_counts.get("Running", 0) >= len(all_live) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+            running_done = time.monotonic()
+            with pod_watch.lock:
+                to_running = [pod_watch.all_running[k] - created[k] for k in created if k in pod_watch.all_running]
+            log(f"pods Running for {len(to_running)}/{len(all_live)} trainings after {running_done - t0:.1f} s")
         live = sampler.sample()
         live_cp_cpu = {n: sampler.cpu_of(n) for n in cp.procs}
         log(f"phases: {phase_counts} after {phases_done - t0:.1f} s; RSS {mib(live['rss'])} MiB; "
@@ -431,7 +512,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
             "params": {"count": args.count, "rate_per_s": args.rate, "burst": args.burst,
                        "namespaces": args.namespaces, "all_namespaces": args.all_namespaces,
-                       "nodes": args.nodes, "spec_metrics_port": args.spec_metrics_port,
+                       "nodes": args.nodes, "spec_metrics_port": args.spec_metrics_port, "live": args.live,
                        "create_threads": args.create_threads},
             "operator_command": " ".join(["rosetta", *cmd[3:]]),
             "warmup_latency_ms": ms(warmup_latency),
@@ -448,10 +529,16 @@ def main(argv: Optional[list[str]] = None) -> int:
                 "p50": ms(percentile(latencies, 50)), "p90": ms(percentile(latencies, 90)),
                 "p99": ms(percentile(latencies, 99)), "max": ms(max(latencies, default=None)),
             },
+            "create_to_all_pods_running_ms": None if pod_watch is None else {
+                "n": len(to_running),
+                "p50": ms(percentile(to_running, 50)), "p90": ms(percentile(to_running, 90)),
+                "p99": ms(percentile(to_running, 99)), "max": ms(max(to_running, default=None)),
+            },
             "wall_s": {
                 "creates": round(create_done - t0, 2),
                 "all_jobsets": round(jobsets_done - t0, 2),
                 "all_phases": round(phases_done - t0, 2),
+                "all_running": None if running_done is None else round(running_done - t0, 2),
             },
             "operator_rss_mib": {
                 "before": mib(base["rss"]), "peak": mib(sampler.peak_rss),
@@ -477,7 +564,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                 "configmaps": configmaps,
                 "phases": phase_counts, "trainings_without_phase": len(no_phase),
                 "ok": (got_all and len(created) == args.count and len(jobsets) == args.count
-                       and duplicates == 0 and not unowned and not no_phase and configmaps == args.count),
+                       and duplicates == 0 and not unowned and not no_phase and configmaps == args.count
+                       and (pod_watch is None or (len(to_running) == args.count
+                                                  and phase_counts.get("Running", 0) == args.count))),
             },
             "operator_metrics": {k: v for k, v in op_metrics.items()
                                  if any(s in k for s in ("reconciles_total", "reconcile_errors_total",
@@ -498,6 +587,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             sampler.stopping.set()
         if watch is not None:
             watch.stop()
+        if pod_watch is not None:
+            pod_watch.stop()
         if operator is not None and operator.poll() is None:
             operator.terminate()
             try:
