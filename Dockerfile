@@ -1,40 +1,88 @@
-# syntax=docker/dockerfile:1
 # Two images from one build context (see build_and_push.sh, README "Images"):
-#   docker build --target trainer  -t rosetta-trainer:0.1.0 .   # CUDA PyTorch + DeepSpeed + rosetta
+#   docker build --target trainer  -t rosetta-trainer:0.1.0 .   # PyTorch (CUDA wheels) + DeepSpeed + rosetta
 #   docker build --target operator -t rosetta-operator:0.1.0 .  # the operator only: no torch
 # The trainer image runs `rosetta train …` (the JobSet's pods call torchrun/deepspeed in it);
 # the operator image runs `rosetta operator`.
+#
+# Every base image is a build argument: the defaults are the production bases; tests build both
+# targets on a Python 3.11 image made from Debian's packages (tests/images/debian-base.sh) with
+# --build-arg PYTHON_IMAGE=… --build-arg TRAINER_BASE_IMAGE=…. A base needs python3 (3.11) with
+# the venv module, groupadd/useradd and CA certificates. Everything is installed into a venv at
+# /opt/venv, which works on both (Debian's own python3 refuses system-wide pip installs, PEP 668).
+# --upgrade-deps: the venv gets PyPI's current pip rather than the base's bundled one (23.0 on
+# bookworm), so both bases install alike (DeepSpeed's sdist is built the PEP 517 way).
+# No `# syntax=` line and no BuildKit-only instructions: the engine's built-in frontend (or the
+# classic builder) builds it without pulling anything but the bases.
 
-ARG PYTORCH_IMAGE=pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime
-ARG PYTHON_IMAGE=python:3.11-slim
-ARG DEEPSPEED_VERSION=0.16.4
+# wheel and operator stages
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+# trainer stage: PyPI's torch wheel is the CUDA build and brings CUDA's runtime libraries as
+# nvidia-* wheels, so a plain Python base serves; a CUDA base with Python 3.11 would too.
+ARG TRAINER_BASE_IMAGE=python:3.11-slim-bookworm
+# The one torch pin, the same as the Makefile's TORCH (tests/unit/test_packaging.py checks).
+ARG TORCH=torch==2.13.0
 
 # ---------------------------------------------------------------------------- wheel
 # Builds the rosetta wheel once; both images install it.
 FROM ${PYTHON_IMAGE} AS wheel
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python3 -m venv --upgrade-deps /opt/build \
+    && /opt/build/bin/pip install "build>=1.2"
 WORKDIR /src
-RUN pip install --no-cache-dir "build>=1.2"
 COPY pyproject.toml README.md ./
 COPY trainer ./trainer
 COPY operator ./operator
-RUN python -m build --wheel --outdir /dist .
+RUN /opt/build/bin/python -m build --wheel --outdir /dist .
 
-# --------------------------------------------------------------------------- trainer
-FROM ${PYTORCH_IMAGE} AS trainer
-ARG DEEPSPEED_VERSION
+# -------------------------------------------------------------------------- operator
+# Before the trainer stage: the classic builder builds every stage up to the target, and this one
+# is small.
+FROM ${PYTHON_IMAGE} AS operator
 ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+# `pip install rosetta` would pull torch and the whole trainer stack. The operator imports only
+# rosetta_operator and the torch-free rosetta_trainer.config: this list (the same specifiers as
+# pyproject.toml; tests/unit/test_packaging.py checks both, and that the operator's modules import
+# with nothing else installed), then the package without its dependencies.
+RUN python3 -m venv --upgrade-deps /opt/venv \
+    && pip install "kopf>=1.37" "kubernetes>=29" "prometheus-client>=0.20" "pydantic>=2.6" "pyyaml>=6" "jinja2>=3.1"
+COPY --from=wheel /dist /tmp/dist
+RUN pip install --no-deps /tmp/dist/*.whl \
+    && python -c "import sys, rosetta_operator.handlers, rosetta_trainer.config; assert 'torch' not in sys.modules" \
+    && rm -rf /tmp/dist
+RUN groupadd --gid 10001 rosetta \
+    && useradd --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin rosetta
+USER 10001:10001
+# 8080: /healthz, 8000: Prometheus metrics.
+EXPOSE 8080 8000
+ENTRYPOINT ["rosetta", "operator"]
+
+# --------------------------------------------------------------------------- trainer
+FROM ${TRAINER_BASE_IMAGE} AS trainer
+ARG TORCH
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     HOME=/home/rosetta \
     HF_HOME=/home/rosetta/.cache/huggingface
-COPY --from=wheel /dist /tmp/dist
-# The base image's CUDA build of torch stays: pinning it as a constraint stops pip from
-# replacing it with a CPU or different-CUDA wheel while it resolves rosetta's and DeepSpeed's deps.
+# The same versions CI tests with (constraints.txt, also used by `make install`).
+COPY constraints.txt /etc/rosetta/constraints.txt
+# torch and the pinned stack first, in a layer of their own: it does not change with rosetta's
+# sources, so rebuilding after a code change reuses it (several GB of CUDA wheels).
 # DS_BUILD_OPS=0: DeepSpeed's CUDA ops are JIT-compiled when first used, not at install time.
-RUN pip list --format=freeze | grep -iE '^(torch|torchvision|torchaudio|triton)==' > /tmp/constraints.txt \
-    && DS_BUILD_OPS=0 pip install -c /tmp/constraints.txt "deepspeed==${DEEPSPEED_VERSION}" /tmp/dist/*.whl \
+RUN python3 -m venv --upgrade-deps /opt/venv \
+    && DS_BUILD_OPS=0 pip install -c /etc/rosetta/constraints.txt "${TORCH}" transformers tokenizers accelerate deepspeed
+COPY --from=wheel /dist /tmp/dist
+# "${TORCH}" again: pip keeps that torch while it resolves rosetta's dependencies.
+RUN DS_BUILD_OPS=0 pip install -c /etc/rosetta/constraints.txt "${TORCH}" /tmp/dist/*.whl \
     && python -c "import torch, deepspeed, rosetta_trainer; print('torch', torch.__version__, 'cuda', torch.version.cuda)" \
-    && rm -rf /tmp/dist /tmp/constraints.txt
+    && rm -rf /tmp/dist
 RUN groupadd --gid 10001 rosetta \
     && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/rosetta --shell /usr/sbin/nologin rosetta \
     && mkdir -p /checkpoints /home/rosetta/.cache \
@@ -45,24 +93,3 @@ WORKDIR /home/rosetta
 USER 10001:10001
 ENTRYPOINT ["rosetta"]
 CMD ["--help"]
-
-# -------------------------------------------------------------------------- operator
-FROM ${PYTHON_IMAGE} AS operator
-ENV PYTHONUNBUFFERED=1 \
-    PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
-COPY --from=wheel /dist /tmp/dist
-# `pip install rosetta` would pull torch and the whole trainer stack. The operator imports only
-# rosetta_operator and the torch-free rosetta_trainer.config: the package without its
-# dependencies, plus this list (the same specifiers as pyproject.toml; tests/unit/test_packaging.py
-# checks both, and that the operator's modules import with nothing else installed).
-RUN pip install --no-deps /tmp/dist/*.whl \
-    && pip install "kopf>=1.37" "kubernetes>=29" "prometheus-client>=0.20" "pydantic>=2.6" "pyyaml>=6" "jinja2>=3.1" \
-    && python -c "import sys, rosetta_operator.handlers, rosetta_trainer.config; assert 'torch' not in sys.modules" \
-    && rm -rf /tmp/dist
-RUN groupadd --gid 10001 rosetta \
-    && useradd --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin rosetta
-USER 10001:10001
-# 8080: /healthz, 8000: Prometheus metrics.
-EXPOSE 8080 8000
-ENTRYPOINT ["rosetta", "operator"]

@@ -2,19 +2,21 @@
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
-# The CPU build; a newer or unpinned torch would pull gigabytes of CUDA wheels.
+# PyPI's build (CUDA libraries as nvidia-* wheels; runs on CPU too), the same pin as the
+# Dockerfile's TORCH. CONSTRAINTS pins the trainer stack to the versions the image ships.
 TORCH  ?= torch==2.13.0
+CONSTRAINTS := constraints.txt
 STAMP  := $(VENV)/.installed
 
 .PHONY: install demo test test-fast bench bench-operator clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile $(CONSTRAINTS)
 	python3 -m venv $(VENV)
 	$(PIP) install --upgrade pip setuptools wheel
-	$(PIP) install "$(TORCH)"
-	$(PIP) install -e '.[dev]'
+	$(PIP) install -c $(CONSTRAINTS) "$(TORCH)"
+	$(PIP) install -c $(CONSTRAINTS) -e '.[dev]'
 	touch $(STAMP)
 
 demo: install
@@ -30,7 +32,7 @@ test-fast: install
 BENCH_STAMP := $(VENV)/.installed-bench
 
 $(BENCH_STAMP): $(STAMP)
-	$(PIP) install -e '.[dev,bench]'
+	$(PIP) install -c $(CONSTRAINTS) -e '.[dev,bench]'
 	touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)

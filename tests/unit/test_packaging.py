@@ -1,4 +1,4 @@
-"""The Dockerfile (checked as text: no Docker engine in the tests) and build_and_push.sh (--dry-run)."""
+"""The Dockerfile (checked as text; tests/images builds and runs it) and build_and_push.sh (--dry-run)."""
 
 from __future__ import annotations
 
@@ -54,13 +54,22 @@ def base_image(stage: str) -> str:
 
 def test_dockerfile_has_the_two_image_targets_on_pinned_bases():
     assert {"trainer", "operator"} <= set(stages())
-    trainer, operator = base_image("trainer"), base_image("operator")
-    assert re.fullmatch(r"pytorch/pytorch:2\.\d+\.\d+-cuda12\.\d+-cudnn9-runtime", trainer), trainer
-    assert operator == "python:3.11-slim"
+    assert base_image("trainer") == base_image("operator") == "python:3.11-slim-bookworm"
     for stage in stages():
         image = base_image(stage)
         assert ":" in image and not image.endswith(":latest"), f"{stage}: {image} is not pinned"
     assert "latest" not in DOCKERFILE
+
+
+def test_dockerfile_builds_with_no_registry_but_the_bases():
+    """Every base is a build argument (tests/images builds on a base made from Debian's packages);
+    no `# syntax=` frontend image to pull and no BuildKit-only instruction."""
+    for stage, lines in stages().items():
+        assert re.match(r"FROM \$\{\w+\} AS ", lines[0]), f"{stage}: {lines[0]} is not a build argument"
+    assert not re.search(r"^#\s*syntax\s*=", DOCKERFILE, re.M | re.I)
+    assert "--mount" not in DOCKERFILE
+    # The classic builder builds every stage before the target: the small operator comes first.
+    assert list(stages()).index("operator") < list(stages()).index("trainer")
 
 
 @pytest.mark.parametrize("stage, entrypoint", [("trainer", '["rosetta"]'), ("operator", '["rosetta", "operator"]')])
@@ -73,12 +82,41 @@ def test_images_run_as_a_non_root_user_with_the_rosetta_entrypoint(stage, entryp
     assert f"ENTRYPOINT {entrypoint}" in lines
 
 
-def test_trainer_image_keeps_the_base_images_torch():
+def _constraints() -> dict[str, str]:
+    lines = (REPO / "constraints.txt").read_text().splitlines()
+    pins = [line.split("#")[0].strip() for line in lines if line.split("#")[0].strip()]
+    return dict(pin.split("==") for pin in pins)
+
+
+def test_one_torch_pin_and_one_constraints_file_for_image_and_ci():
+    pins = _constraints()
+    assert {"transformers", "tokenizers", "deepspeed", "accelerate"} <= set(pins), pins
+    assert "torch" not in pins  # torch is TORCH, below
+    declared = {_name(r): r for r in PYPROJECT["project"]["dependencies"]}
+    from packaging.requirements import Requirement
+    for name, version in pins.items():
+        assert Requirement(declared[name]).specifier.contains(version), f"{name}=={version} vs {declared[name]}"
+
+    makefile = (REPO / "Makefile").read_text()
+    torch = re.search(r"^TORCH\s*\?=\s*(\S+)", makefile, re.M).group(1)
+    assert _args()["TORCH"] == torch, "the Dockerfile's and the Makefile's torch differ"
+    installs = [line for line in makefile.splitlines() if "$(PIP) install" in line and "--upgrade pip" not in line]
+    assert installs and all("-c $(CONSTRAINTS)" in line for line in installs), installs
+    assert re.search(r"^CONSTRAINTS\s*:?=\s*constraints\.txt$", makefile, re.M)
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for mentioned in re.findall(r"torch==[\w.+]+", doc.read_text()):
+            assert mentioned == torch, f"{doc.name} says {mentioned}, the pin is {torch}"
+
+
+def test_trainer_image_installs_the_pinned_torch_with_the_constraints():
     runs = " ".join(line for line in stages()["trainer"] if line.startswith("RUN "))
     assert "deepspeed" in runs
+    assert "COPY constraints.txt /etc/rosetta/constraints.txt" in stages()["trainer"]
     installs = re.findall(r"pip install ([^&]*)", runs)
-    assert installs and all("-c /tmp/constraints.txt" in cmd for cmd in installs), installs
-    assert not any(re.search(r"(^|\s)\"?torch[<>=\"\s]", cmd) for cmd in installs), "torch must not be reinstalled"
+    assert installs and all("-c /etc/rosetta/constraints.txt" in cmd for cmd in installs), installs
+    # torch only as the TORCH argument, in every install (pip keeps it while resolving the rest).
+    assert all('"${TORCH}"' in cmd for cmd in installs), installs
+    assert not any(re.search(r"(^|\s)\"?torch[<>=\"\s]", cmd) for cmd in installs), "torch is TORCH only"
 
 
 def operator_requirements() -> list[str]:
@@ -183,4 +221,4 @@ def test_missing_variable_is_named(env, missing):
 def test_dockerignore_keeps_the_context_to_the_sources():
     ignore = (REPO / ".dockerignore").read_text().splitlines()
     assert "*" in ignore  # everything out (.venv, runs/, caches) …
-    assert {"!pyproject.toml", "!README.md", "!trainer/", "!operator/"} <= set(ignore)  # … but the sources
+    assert {"!pyproject.toml", "!README.md", "!constraints.txt", "!trainer/", "!operator/"} <= set(ignore)  # … but the sources
