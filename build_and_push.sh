@@ -10,8 +10,14 @@
 #   Any other registry you are already logged in to:
 #     REGISTRY=ghcr.io/my-org TAG=0.1.0 ./build_and_push.sh
 #
+#   A local registry (Docker allows plain HTTP to 127.0.0.1), on test bases built from Debian:
+#     REGISTRY=127.0.0.1:5000 TAG=test BUILD_ARGS="PYTHON_IMAGE=rosetta-test/python:3.11-bookworm
+#       TRAINER_BASE_IMAGE=rosetta-test/python:3.11-bookworm" ./build_and_push.sh
+#
 # Optional: IMAGE_NAME (default rosetta: images IMAGE_NAME-trainer and IMAGE_NAME-operator),
-# TARGETS (default "trainer operator"), PLATFORM (default linux/amd64), DOCKER (default docker).
+# TARGETS (default "trainer operator"), PLATFORM (default linux/amd64), DOCKER (default docker),
+# BUILD_ARGS (whitespace-separated NAME=VALUE pairs, each passed as --build-arg: the Dockerfile's
+# PYTHON_IMAGE and TRAINER_BASE_IMAGE (base images) and TORCH (default torch==2.13.0)).
 # --dry-run prints every command instead of running it.
 set -euo pipefail
 
@@ -19,7 +25,7 @@ DRY_RUN=0
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY_RUN=1 ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "build_and_push.sh: unknown argument: $arg (only --dry-run)" >&2; exit 2 ;;
   esac
 done
@@ -72,6 +78,13 @@ else
   die "no registry: set PROJECT_ID (with REGION, REPO_NAME) for Artifact Registry, AWS_ACCOUNT_ID (with AWS_REGION, REPO_NAME) for ECR, or REGISTRY"
 fi
 
+build_args=()
+read -r -d "" -a pairs <<<"${BUILD_ARGS:-}" || true  # any whitespace, newlines too
+for pair in "${pairs[@]}"; do
+  [[ "$pair" == [A-Za-z_]*=* ]] || die "BUILD_ARGS: '$pair' is not NAME=VALUE"
+  build_args+=(--build-arg "$pair")
+done
+
 login
 for target in $TARGETS; do
   case "$target" in
@@ -79,6 +92,6 @@ for target in $TARGETS; do
     *) die "TARGETS: unknown target '$target' (trainer, operator)" ;;
   esac
   image="${PREFIX}/${IMAGE_NAME}-${target}:${TAG}"
-  run "$DOCKER" build --platform "$PLATFORM" --target "$target" --tag "$image" "$CONTEXT"
+  run "$DOCKER" build --platform "$PLATFORM" "${build_args[@]}" --target "$target" --tag "$image" "$CONTEXT"
   run "$DOCKER" push "$image"
 done

@@ -173,7 +173,7 @@ assert "torch" not in sys.modules
 def dry_run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items()
              if k not in ("PROJECT_ID", "REGION", "REPO_NAME", "IMAGE_NAME", "TAG", "AWS_ACCOUNT_ID",
-                          "AWS_REGION", "REGISTRY", "TARGETS", "PLATFORM", "DOCKER")}
+                          "AWS_REGION", "REGISTRY", "TARGETS", "PLATFORM", "DOCKER", "BUILD_ARGS")}
     return subprocess.run(["bash", str(SCRIPT), "--dry-run", *args], env={**clean, **env},
                           capture_output=True, text=True, timeout=30)
 
@@ -203,6 +203,20 @@ def test_ecr_dry_run():
         f"docker build --platform linux/amd64 --target operator --tag {host}/ml/rosetta-operator:v2 {REPO}",
         f"docker push {host}/ml/rosetta-operator:v2",
     ]
+
+
+def test_build_args_are_passed_to_every_build():
+    base = "rosetta-test/python:3.11-bookworm"
+    out = dry_run({"REGISTRY": "127.0.0.1:5000", "TAG": "test", "TARGETS": "operator",
+                   "BUILD_ARGS": f" PYTHON_IMAGE={base}\n TORCH=torch==2.13.0 "})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        f"docker build --platform linux/amd64 --build-arg PYTHON_IMAGE={base} --build-arg TORCH=torch==2.13.0 "
+        f"--target operator --tag 127.0.0.1:5000/rosetta-operator:test {REPO}",
+        "docker push 127.0.0.1:5000/rosetta-operator:test",
+    ]
+    bad = dry_run({"REGISTRY": "r", "TAG": "t", "BUILD_ARGS": "PYTHON_IMAGE"})
+    assert bad.returncode != 0 and "BUILD_ARGS" in bad.stderr
 
 
 @pytest.mark.parametrize("env, missing", [
