@@ -74,7 +74,7 @@ def _restore_kubeconfig() -> Iterator[None]:
 def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
     base = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
     name = f"{base}-{uuid.uuid4().hex[:5]}"
-    cluster.core.create_namespace({"metadata": {"name": name}})
+    cluster.new_namespace(name)
     yield name
     # The test's operator has stopped by now, so nobody would remove the finalizers its daemons left:
     # the next test's operator (watching every namespace) would then handle those deletions and

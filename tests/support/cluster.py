@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -81,6 +82,20 @@ class Cluster:
 
     def logs(self) -> str:
         return "\n".join(f"--- {name} ---\n{self.cp.logs(name, 15)}" for name in self.cp.procs)
+
+    def new_namespace(self, name: str) -> None:
+        """Create it and wait for its default ServiceAccount: until the controller manager has made
+        it, the apiserver refuses every pod in the namespace."""
+        self.core.create_namespace({"metadata": {"name": name}})
+
+        def has_default_account() -> bool:
+            try:
+                return bool(self.core.read_namespaced_service_account("default", name))
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                return False
+        wait_for(has_default_account, f"the default ServiceAccount of namespace {name}")
 
     # TranslationTrainings and their children, as the operator's tests look at them.
 
