@@ -1,0 +1,145 @@
+"""The Dockerfile's images, built on a Debian base with a Docker engine from Debian (no registry):
+the trainer trains a step and runs its entrypoint, the operator imports without torch, both run as
+UID 10001, and build_and_push.sh pushes to a local registry that the images are pulled back from.
+
+Marked slow (`make test` runs them, `make test-fast` does not). A cold run builds the base and the
+images (several minutes, several GB of PyPI wheels); later runs reuse Docker's layer cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import urllib.request
+
+import pytest
+
+from images_support import BASE_IMAGE, BUILD_ARGS, DOCKER, HERE, REPO, docker
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
+
+SMOKE = (HERE / "smoke.py").read_text()
+OPERATOR_IMPORT = "import sys, rosetta_operator.handlers; assert 'torch' not in sys.modules"
+
+
+def smoke(image: str) -> str:
+    proc = subprocess.run([DOCKER, "run", "--rm", "-i", "--network", "none", "--entrypoint", "python", image, "-"],
+                          input=SMOKE, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stdout
+
+
+def constraints() -> dict[str, str]:
+    pins = [line.split("#")[0].strip() for line in (REPO / "constraints.txt").read_text().splitlines()]
+    return dict(pin.split("==") for pin in pins if pin)
+
+
+def test_docker_engine_script_is_idempotent(docker_engine):
+    for _ in range(2):
+        out = subprocess.run(["bash", str(HERE / "docker-engine.sh")], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+    assert docker("info", "--format", "{{.ServerVersion}}").stdout.strip()
+
+
+def test_debian_base_is_python_3_11_and_reused(test_base):
+    out = docker("run", "--rm", "--network", "none", test_base, "python3", "-c",
+                 "import sys, venv; print('%d.%d' % sys.version_info[:2])")
+    assert out.stdout.strip() == "3.11"  # the production base's minor (python:3.11-slim-bookworm)
+    again = subprocess.run(["bash", str(HERE / "debian-base.sh")], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "IMAGE": BASE_IMAGE})
+    assert again.returncode == 0 and "is current" in again.stderr, again.stderr
+
+
+def test_trainer_image_builds_a_t5_and_trains_a_step(images):
+    out = smoke(images.trainer)
+    assert re.search(r"smoke ok: uid 10001 loss \d+\.\d+", out), out
+
+
+def test_trainer_image_ships_the_pinned_versions(images):
+    out = docker("run", "--rm", "--network", "none", "--entrypoint", "pip", images.trainer,
+                 "list", "--format", "json").stdout
+    installed = {p["name"].lower(): p["version"] for p in json.loads(out)}
+    for name, version in constraints().items():
+        assert installed.get(name) == version, f"{name}: {installed.get(name)} in the image, {version} pinned"
+    torch = re.search(r"^ARG TORCH=torch==(\S+)", (REPO / "Dockerfile").read_text(), re.M).group(1)
+    assert installed["torch"].split("+")[0] == torch
+    assert any(name.startswith("nvidia-") for name in installed), "the CUDA runtime wheels are missing"
+
+
+def test_trainer_entrypoint_is_rosetta(images):
+    out = docker("run", "--rm", "--network", "none", images.trainer, "--help")
+    assert "usage: rosetta" in out.stdout and "train" in out.stdout
+
+
+def test_operator_image_has_no_torch(images):
+    docker("run", "--rm", "--network", "none", "--entrypoint", "python", images.operator, "-c", OPERATOR_IMPORT)
+    missing = docker("run", "--rm", "--network", "none", "--entrypoint", "python", images.operator, "-c",
+                     "import torch", check=False)
+    assert missing.returncode != 0 and "No module named 'torch'" in missing.stderr
+    out = docker("run", "--rm", "--network", "none", images.operator, "--help")
+    assert "usage: rosetta operator" in out.stdout
+
+
+@pytest.mark.parametrize("which", ["trainer", "operator"])
+def test_images_run_as_uid_10001(images, which):
+    image = getattr(images, which)
+    assert docker("image", "inspect", "--format", "{{.Config.User}}", image).stdout.strip() == "10001:10001"
+    out = docker("run", "--rm", "--network", "none", "--entrypoint", "id", image)
+    assert out.stdout.startswith("uid=10001(rosetta) gid=10001(rosetta)"), out.stdout
+
+
+def _registry_json(url: str, accept: str = "") -> dict:
+    req = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.load(r)
+
+
+def test_build_and_push_to_a_local_registry_and_pull_back(images, local_registry, tmp_path):
+    """build_and_push.sh with REGISTRY and BUILD_ARGS (the Debian base), then the pushed tags are removed
+    and pulled back, and the pulled images pass the same checks.
+
+    The layers stay on this engine under the :test tags (removing them would throw away the build
+    cache), so `docker pull` fetches the manifests and finds the layers present: that every layer
+    blob is in the registry is checked against the registry's own API instead."""
+    env = {**os.environ, "REGISTRY": local_registry, "TAG": "test", "IMAGE_NAME": "rosetta",
+           "BUILD_ARGS": " ".join(f"{k}={v}" for k, v in BUILD_ARGS.items())}
+    for name in ("PROJECT_ID", "AWS_ACCOUNT_ID", "TARGETS", "PLATFORM"):
+        env.pop(name, None)
+    log = tmp_path / "build_and_push.log"
+    with log.open("w") as out:
+        proc = subprocess.run(["bash", str(REPO / "build_and_push.sh")], env=env, stdout=out,
+                              stderr=subprocess.STDOUT, timeout=3000, cwd=REPO)
+    assert proc.returncode == 0, log.read_text()[-4000:]
+
+    pushed = {which: f"{local_registry}/rosetta-{which}:test" for which in ("trainer", "operator")}
+    built_ids = {which: docker("image", "inspect", "--format", "{{.Id}}", ref).stdout.strip()
+                 for which, ref in pushed.items()}
+    try:
+        for which, ref in pushed.items():
+            manifest = _registry_json(f"http://{local_registry}/v2/rosetta-{which}/manifests/test",
+                                      "application/vnd.docker.distribution.manifest.v2+json")
+            assert manifest["config"]["digest"] == built_ids[which]
+            for layer in manifest["layers"]:
+                req = urllib.request.Request(f"http://{local_registry}/v2/rosetta-{which}/blobs/{layer['digest']}",
+                                             method="HEAD")
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    assert int(r.headers["Content-Length"]) == layer["size"], layer
+            if which == "operator":  # small enough to read back whole and check every digest
+                for layer in manifest["layers"]:
+                    url = f"http://{local_registry}/v2/rosetta-operator/blobs/{layer['digest']}"
+                    with urllib.request.urlopen(url, timeout=120) as r:
+                        assert "sha256:" + hashlib.sha256(r.read()).hexdigest() == layer["digest"]
+
+        docker("rmi", *pushed.values())
+        for which, ref in pushed.items():
+            docker("image", "inspect", ref, check=False).returncode != 0 or pytest.fail(f"{ref} still here")
+            docker("pull", ref, timeout=1200)
+            assert docker("image", "inspect", "--format", "{{.Id}}", ref).stdout.strip() == built_ids[which]
+
+        assert "smoke ok: uid 10001" in smoke(pushed["trainer"])
+        docker("run", "--rm", "--network", "none", "--entrypoint", "python", pushed["operator"], "-c", OPERATOR_IMPORT)
+    finally:
+        docker("rmi", *pushed.values(), check=False)
