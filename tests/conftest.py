@@ -16,15 +16,11 @@ from __future__ import annotations
 
 import logging
 import os
-import re
-import uuid
 from typing import Iterator, Optional
 
 import pytest
 
-from kubernetes.client.exceptions import ApiException
-
-from support.cluster import GROUP, PLURAL, VERSION, Cluster, start_control_plane  # puts tests/envtest on sys.path
+from support.cluster import Cluster, start_control_plane  # puts tests/envtest on sys.path
 from control_plane import ControlPlaneError  # noqa: E402
 from controllers import install_crds  # noqa: E402
 
@@ -72,22 +68,8 @@ def _restore_kubeconfig() -> Iterator[None]:
 
 @pytest.fixture
 def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
-    base = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
-    name = f"{base}-{uuid.uuid4().hex[:5]}"
-    cluster.new_namespace(name)
-    yield name
-    # The test's operator has stopped by now, so nobody would remove the finalizers its daemons left:
-    # the next test's operator (watching every namespace) would then handle those deletions and
-    # retry events into a terminating namespace while it shuts down. Release them here.
-    for training in cluster.trainings(name):
-        try:
-            cluster.custom.patch_namespaced_custom_object(GROUP, VERSION, name, PLURAL, training,
-                                                          {"metadata": {"finalizers": None}})
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-    # The namespace controller deletes what is left; nobody waits for it.
-    cluster.core.delete_namespace(name)
+    with cluster.test_namespace(request.node.name) as name:
+        yield name
 
 
 class Operator:

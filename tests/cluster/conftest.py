@@ -12,14 +12,10 @@ The operator runs as its own process (`rosetta operator`), watching each test's 
 
 from __future__ import annotations
 
-import re
-import uuid
 from typing import Iterator
 
 import pytest
-from kubernetes.client.exceptions import ApiException
-
-from support.cluster import GROUP, PLURAL, VERSION, Cluster, OperatorProcess, start_control_plane, wait_for
+from support.cluster import Cluster, OperatorProcess, start_control_plane, wait_for
 from control_plane import ControlPlaneError, free_port
 from controllers import (EXIT_CODE_ANNOTATION, NODE_POOLS, Kwok, install_crds, start_jobset, start_kueue,
                          start_kwok)
@@ -74,19 +70,8 @@ def live_cluster() -> Iterator[LiveCluster]:
 
 @pytest.fixture
 def live_namespace(live_cluster: LiveCluster, request: pytest.FixtureRequest) -> Iterator[str]:
-    base = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
-    name = f"{base}-{uuid.uuid4().hex[:5]}"
-    live_cluster.new_namespace(name)
-    yield name
-    # Finalizers of the operator's daemons: nobody else would remove them once it has stopped.
-    for training in live_cluster.trainings(name):
-        try:
-            live_cluster.custom.patch_namespaced_custom_object(GROUP, VERSION, name, PLURAL, training,
-                                                               {"metadata": {"finalizers": None}})
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-    live_cluster.core.delete_namespace(name)
+    with live_cluster.test_namespace(request.node.name) as name:
+        yield name
     # The nodes are shared: the next test must find them free, not still held by this one's pods.
     wait_for(lambda: not live_cluster.pods(name), f"the pods of namespace {name} to be gone", 120)
 
