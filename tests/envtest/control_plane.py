@@ -220,6 +220,9 @@ class ControlPlane:
             # No serving at all: nothing scrapes it, and fixed default ports would collide.
             "--secure-port=0",
             "--concurrent-gc-syncs=5",
+            # The default client limit (20 requests/s) makes the Job controller the bottleneck of a
+            # burst of trainings (each Job is pod creates plus status updates); large clusters raise it.
+            "--kube-api-qps=200", "--kube-api-burst=400",
             # Service-account tokens and the kube-root-ca.crt ConfigMap that every pod mounts.
             f"--service-account-private-key-file={w / 'sa.key'}",
             f"--root-ca-file={w / 'certs' / 'apiserver.crt'}",
