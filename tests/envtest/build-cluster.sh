@@ -112,51 +112,38 @@ build_etcd() {
   mark_built etcd "$stamp"
 }
 
-# Controllers: the binary plus the manifests that ship in the same module (CRDs, webhook configurations),
-# so the CRDs always match the controller that serves them.
+# One Go binary from its module, plus (for controllers) the manifests that ship in the same module
+# (CRDs, webhook configurations, kwok's stages), so the CRDs always match the controller that serves
+# them. Each `manifests` argument is a path inside the module, copied under manifests/NAME/.
+build_module() {  # build_module NAME VERSION MODULE PACKAGE BINARY LDFLAGS [manifests...]
+  local name=$1 version=$2 module=$3 package=$4 binary=$5 ldflags=$6; shift 6
+  local stamp; stamp=$(stamp_of "$version")
+  is_built "$name" "$stamp" "$binary" && return 0
+  log "$name $version"
+  go_build "$name" "$module@$version" "$package" "$binary" "$ldflags"
+  if [ $# -gt 0 ]; then
+    local src; src=$(module_dir "$module@$version")
+    rm -rf "$OUT/manifests/$name"; mkdir -p "$OUT/manifests/$name"
+    for path in "$@"; do cp -r "$src"/$path "$OUT/manifests/$name/"; done
+    chmod -R u+w "$OUT/manifests/$name"
+  fi
+  mark_built "$name" "$stamp"
+}
+
 build_jobset() {
-  local stamp; stamp=$(stamp_of "$JOBSET_VERSION")
-  is_built jobset "$stamp" jobset-controller && return 0
-  log "jobset $JOBSET_VERSION"
-  go_build jobset "sigs.k8s.io/jobset@$JOBSET_VERSION" sigs.k8s.io/jobset jobset-controller
-  local src; src=$(module_dir "sigs.k8s.io/jobset@$JOBSET_VERSION")
-  rm -rf "$OUT/manifests/jobset"; mkdir -p "$OUT/manifests/jobset"
-  cp "$src"/config/components/crd/bases/*.yaml "$src/config/components/webhook/manifests.yaml" "$OUT/manifests/jobset/"
-  chmod -R u+w "$OUT/manifests/jobset"
-  mark_built jobset "$stamp"
+  build_module jobset "$JOBSET_VERSION" sigs.k8s.io/jobset sigs.k8s.io/jobset jobset-controller "" \
+    'config/components/crd/bases/*.yaml' config/components/webhook/manifests.yaml
 }
-
 build_kueue() {
-  local stamp; stamp=$(stamp_of "$KUEUE_VERSION")
-  is_built kueue "$stamp" kueue && return 0
-  log "kueue $KUEUE_VERSION"
-  go_build kueue "sigs.k8s.io/kueue@$KUEUE_VERSION" sigs.k8s.io/kueue/cmd/kueue kueue
-  local src; src=$(module_dir "sigs.k8s.io/kueue@$KUEUE_VERSION")
-  rm -rf "$OUT/manifests/kueue"; mkdir -p "$OUT/manifests/kueue"
-  cp "$src"/config/components/crd/bases/*.yaml "$src/config/components/webhook/manifests.yaml" "$OUT/manifests/kueue/"
-  chmod -R u+w "$OUT/manifests/kueue"
-  mark_built kueue "$stamp"
+  build_module kueue "$KUEUE_VERSION" sigs.k8s.io/kueue sigs.k8s.io/kueue/cmd/kueue kueue "" \
+    'config/components/crd/bases/*.yaml' config/components/webhook/manifests.yaml
 }
-
 build_kwok() {
-  local stamp; stamp=$(stamp_of "$KWOK_VERSION")
-  is_built kwok "$stamp" kwok && return 0
-  log "kwok $KWOK_VERSION"
-  go_build kwok "sigs.k8s.io/kwok@$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok kwok
-  local src; src=$(module_dir "sigs.k8s.io/kwok@$KWOK_VERSION")
-  rm -rf "$OUT/manifests/kwok"; mkdir -p "$OUT/manifests/kwok"
-  cp -r "$src"/kustomize/crd/bases "$OUT/manifests/kwok/crd"
-  cp -r "$src"/kustomize/stage "$OUT/manifests/kwok/stage"
-  chmod -R u+w "$OUT/manifests/kwok"
-  mark_built kwok "$stamp"
+  build_module kwok "$KWOK_VERSION" sigs.k8s.io/kwok sigs.k8s.io/kwok/cmd/kwok kwok "" kustomize/stage
 }
-
 build_helm() {
-  local stamp; stamp=$(stamp_of "$HELM_VERSION")
-  is_built helm "$stamp" helm && return 0
-  log "helm $HELM_VERSION"
-  go_build helm "helm.sh/helm/v3@$HELM_VERSION" helm.sh/helm/v3/cmd/helm helm "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
-  mark_built helm "$stamp"
+  build_module helm "$HELM_VERSION" helm.sh/helm/v3 helm.sh/helm/v3/cmd/helm helm \
+    "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
 }
 
 started=$(date +%s)
