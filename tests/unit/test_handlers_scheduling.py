@@ -17,15 +17,10 @@ from rosetta_operator import handlers
 from rosetta_operator import status as st
 from rosetta_operator.render import APPLIED_SUSPEND, render
 from rosetta_operator.spec import parse_spec
+from support.cel_cases import BASE
 
 NS, NAME, UID, JOBSET_UID = "team", "mt", "uid-mt", "uid-js"
-SPEC = {
-    "model": {"architecture": "transformer", "size": "tiny"},
-    "tokenizer": {"train": {"vocabSize": 500}},
-    "data": {"sourceLang": "en", "targetLangs": ["de"], "train": [{"format": "generated", "size": 100}]},
-    "training": {"maxSteps": 10},
-    "nodes": 2,
-}
+SPEC = {**copy.deepcopy(BASE), "nodes": 2}  # the smallest valid spec, on two nodes
 QUOTA = ("couldn't assign flavors to pod set node: insufficient unused quota for nvidia.com/gpu in flavor "
          "default, 8 more needed")
 NO_GPU = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."

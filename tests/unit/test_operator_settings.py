@@ -6,6 +6,7 @@ so nothing else would notice if one were lost.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import logging
 from pathlib import Path
@@ -18,15 +19,10 @@ from kubernetes.config import kube_config
 from rosetta_operator import handlers
 from rosetta_operator.render import render
 from rosetta_operator.spec import parse_spec
+from support.cel_cases import BASE
 from rosetta_operator.status import Phase
 
-SPEC = {
-    "model": {"architecture": "transformer", "size": "tiny"},
-    "tokenizer": {"train": {"vocabSize": 500}},
-    "data": {"sourceLang": "en", "targetLangs": ["de"], "train": [{"format": "generated", "size": 100}]},
-    "training": {"maxSteps": 10},
-    "nodes": 2,
-}
+SPEC = {**copy.deepcopy(BASE), "nodes": 2}  # the smallest valid spec, on two nodes
 
 
 @pytest.fixture
