@@ -23,6 +23,8 @@ mkdir -p "$OUT/bin" "$OUT/manifests" "$OUT/stamps"; OUT=$(cd "$OUT" && pwd)
 GO_CACHE=${ROSETTA_GO_CACHE:-$HOME/.cache/rosetta/go}
 export GOMODCACHE=$GO_CACHE/mod GOCACHE=$GO_CACHE/build GOFLAGS=-mod=mod CGO_ENABLED=0 GOTOOLCHAIN=local
 export GOPROXY=${GOPROXY:-https://proxy.golang.org,direct}
+# A login shell puts Go on PATH; a CI job or a cron line may not have read that profile.
+command -v go >/dev/null || [ ! -x /usr/local/go/bin/go ] || export PATH="$PATH:/usr/local/go/bin"
 command -v go >/dev/null || { echo "build-cluster.sh: needs Go (1.26 or newer) on PATH" >&2; exit 1; }
 
 # Two test sessions starting at once on a fresh machine must not build into the same folder.

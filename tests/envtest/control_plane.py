@@ -96,7 +96,8 @@ def jobset_crd() -> Path:
     go_cache = Path(os.environ.get("ROSETTA_GO_CACHE") or "~/.cache/rosetta/go").expanduser()
     env = {**os.environ, "GOMODCACHE": str(go_cache / "mod"), "GOFLAGS": "-mod=mod"}
     try:
-        out = subprocess.run(["go", "mod", "download", "-json", module], env=env, capture_output=True, text=True,
+        go = shutil.which("go") or "/usr/local/go/bin/go"  # where Go's own installer puts it
+        out = subprocess.run([go, "mod", "download", "-json", module], env=env, capture_output=True, text=True,
                              timeout=300, check=True).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         raise ControlPlaneError(f"cannot download {module} for its CRD (needs Go on PATH): {exc}") from exc
