@@ -249,16 +249,15 @@ def s3_credentials_env(spec: TranslationTrainingSpec) -> list[dict]:
 
 
 def command(spec: TranslationTrainingSpec) -> list[str]:
-    """Every value comes through $(VAR), expanded by the kubelet, so a local runner can reuse it."""
+    """Every value comes through $(VAR), expanded by the kubelet, so a local runner can reuse it.
+
+    torchrun for both launchers. DeepSpeed initializes from torchrun's environment (RANK,
+    LOCAL_RANK, WORLD_SIZE, MASTER_ADDR), so `launcher: deepspeed` needs no launcher of its own:
+    DeepSpeed's runner wants a hostfile (or ssh) for more than one node, and as a container's PID 1
+    it does not pass SIGTERM on to its workers, so a deleted pod would write no stop checkpoint.
+    torchrun forwards SIGTERM to every worker and rendezvouses through the JobSet's rank-0 name.
+    """
     trainer = ["train", "-f", "$(ROSETTA_CONFIG)", "--output", "$(ROSETTA_OUTPUT)"]
-    if spec.launcher == "deepspeed":
-        # --no_ssh: each pod launches its own workers, like torchrun, instead of
-        # pdsh from rank 0. --no_local_rank: workers read LOCAL_RANK from env;
-        # `rosetta train` has no --local_rank argument.
-        return ["deepspeed", "--no_ssh", "--no_local_rank",
-                "--num_nodes=$(ROSETTA_NNODES)", "--num_gpus=$(ROSETTA_NPROC_PER_NODE)",
-                "--node_rank=$(ROSETTA_NODE_RANK)", "--master_addr=$(ROSETTA_MASTER_ADDR)",
-                "--master_port=$(ROSETTA_MASTER_PORT)", "--module", "rosetta_trainer", *trainer]
     return ["torchrun", "--nnodes=$(ROSETTA_NNODES)", "--nproc-per-node=$(ROSETTA_NPROC_PER_NODE)",
             "--node-rank=$(ROSETTA_NODE_RANK)", "--master-addr=$(ROSETTA_MASTER_ADDR)",
             "--master-port=$(ROSETTA_MASTER_PORT)", "-m", "rosetta_trainer", *trainer]

@@ -377,7 +377,9 @@ class TranslationTrainingSpec(TrainerSpec):
         None, ge=1, le=256, description="CPU training only (gpusPerNode 0): processes per pod; default 1."
     )
     launcher: Literal["torchrun", "deepspeed"] = Field(
-        "torchrun", description="Process launcher in each pod; deepspeed needs GPUs."
+        "torchrun", description="Process launcher in each pod. Both start the workers with torchrun "
+        "(DeepSpeed initializes from its environment, on any number of nodes); deepspeed needs GPUs "
+        "and is kept so that existing specs stay valid. distributed.backend chooses DDP or ZeRO."
     )
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Per-pod resources.")
     network: NetworkSpec = Field(default_factory=NetworkSpec, description="Interconnect preset and rendezvous port.")

@@ -151,32 +151,37 @@ def test_zero3_partitions_pretrained_weights_as_it_loads_them(runs):
     assert summary["zero_stage"] == 3 and torch.isfinite(torch.tensor(first))
 
 
-def test_the_operators_deepspeed_launcher_command_runs_the_engine(runs):
-    """`launcher: deepspeed` renders `deepspeed --no_ssh ... --module rosetta_trainer train`; run that
-    exact command (with the values the kubelet would substitute) for two CPU workers."""
+def test_the_operators_deepspeed_launcher_command_runs_on_two_nodes(runs):
+    """`launcher: deepspeed` on 2 nodes: run the rendered command exactly (with the values the kubelet
+    would substitute) as two pods of one CPU worker each. DeepSpeed's own runner, rendered before,
+    refused this ("Num nodes is >1 but no extra nodes available via hostfile")."""
     import re
     import socket
 
     from rosetta_operator.render import command
     from rosetta_operator.spec import parse_training
 
-    doc = deep_update(BASE, {"spec": {**ZERO2, "launcher": "deepspeed", "gpusPerNode": 1,
+    doc = deep_update(BASE, {"spec": {**ZERO2, "launcher": "deepspeed", "gpusPerNode": 1, "nodes": 2,
                                       "training": {"maxSteps": 4}, "checkpoint": {"interval": 4},
                                       "evaluation": {"interval": 4}}})
     argv = command(parse_training(doc).spec)
-    assert argv[0] == "deepspeed" and "--module" in argv
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     config, out = runs["tmp"] / "launcher.yaml", runs["tmp"] / "launcher"
     config.write_text(yaml.safe_dump(doc))  # the trainer ignores the cluster fields
-    values = {"ROSETTA_CONFIG": str(config), "ROSETTA_OUTPUT": str(out), "ROSETTA_NNODES": "1",
-              "ROSETTA_NPROC_PER_NODE": "2", "ROSETTA_NODE_RANK": "0", "ROSETTA_MASTER_ADDR": "127.0.0.1",
-              "ROSETTA_MASTER_PORT": str(port)}
-    args = [re.sub(r"\$\((\w+)\)", lambda m: values[m.group(1)], a) for a in argv[1:]]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    res = subprocess.run([sys.executable, "-m", "deepspeed.launcher.runner", *args, "--no-progress"],
-                         capture_output=True, text=True, env=env, timeout=1800)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    pods = []
+    for node in (0, 1):
+        values = {"ROSETTA_CONFIG": str(config), "ROSETTA_OUTPUT": str(out), "ROSETTA_NNODES": "2",
+                  "ROSETTA_NPROC_PER_NODE": "1", "ROSETTA_NODE_RANK": str(node),
+                  "ROSETTA_MASTER_ADDR": "127.0.0.1", "ROSETTA_MASTER_PORT": str(port)}
+        args = [re.sub(r"\$\((\w+)\)", lambda m: values[m.group(1)], a) for a in argv]
+        # The pod's launcher, whichever it is, from this interpreter's environment.
+        launcher = {"torchrun": "torch.distributed.run", "deepspeed": "deepspeed.launcher.runner"}[args[0]]
+        pods.append(subprocess.Popen([sys.executable, "-m", launcher, *args[1:], "--no-progress"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
+    outputs = [p.communicate(timeout=1800)[0] for p in pods]
+    assert [p.returncode for p in pods] == [0, 0], "\n".join(o[-3000:] for o in outputs)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["backend"] == "deepspeed" and summary["steps"] == 4

@@ -146,11 +146,13 @@ def test_every_command_variable_is_defined_before_use(cluster):
     assert len(names) == len(set(names))
 
 
-def test_deepspeed_launches_per_pod_without_ssh():
+def test_deepspeed_launcher_is_torchrun_on_every_node():
+    """DeepSpeed's own runner needs a hostfile for more than one node and does not pass SIGTERM on
+    as PID 1; DeepSpeed starts from torchrun's environment instead."""
     command = container(build(nodes=2, gpusPerNode=4, launcher="deepspeed"))["command"]
-    assert command[:3] == ["deepspeed", "--no_ssh", "--no_local_rank"]
-    assert "--num_nodes=$(ROSETTA_NNODES)" in command and "--node_rank=$(ROSETTA_NODE_RANK)" in command
-    assert command[command.index("--module") + 1] == "rosetta_trainer"
+    assert command == container(build(nodes=2, gpusPerNode=4))["command"]
+    assert command[0] == "torchrun" and "--nnodes=$(ROSETTA_NNODES)" in command
+    assert "--node-rank=$(ROSETTA_NODE_RANK)" in command
 
 
 def test_cpu_training_runs_procs_per_node_and_asks_for_no_gpu():
