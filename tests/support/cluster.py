@@ -98,7 +98,9 @@ class Cluster:
                 if exc.status != 404:
                     raise
                 return False
-        wait_for(has_default_account, f"the default ServiceAccount of namespace {name}")
+        # Generous: after a test restarts the apiserver, the controller manager's watches come back
+        # with a backoff of their own.
+        wait_for(has_default_account, f"the default ServiceAccount of namespace {name}", 120)
 
     @contextlib.contextmanager
     def test_namespace(self, test_name: str) -> Iterator[str]:
