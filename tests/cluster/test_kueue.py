@@ -81,5 +81,8 @@ def test_user_suspend_and_resume_of_a_queued_training(live_cluster, live_namespa
     wait_for(lambda: not running_pods(live_cluster, ns, "held"), "its pods stopped", WAIT)
 
     patch(GROUP, VERSION, ns, PLURAL, "held", {"spec": {"suspend": False}})
+    # Back in the queue, admitted again, a new gang: the JobSet's ready count can say so a beat
+    # before the pod watch shows both pods Running.
     wait_for(lambda: phase(live_cluster, ns, "held") == "Running", "Running again after resume", WAIT)
-    assert len(running_pods(live_cluster, ns, "held")) == 2
+    wait_for(lambda: len(running_pods(live_cluster, ns, "held")) == 2, "both pods Running again", WAIT)
+    assert condition(live_cluster, ns, "held", "Admitted")["status"] == "True"
