@@ -62,23 +62,6 @@ class Assets:
     def manifests(self) -> Path:
         return self.folder / "manifests"
 
-    # The names the rest of the tests use.
-    @property
-    def kube_apiserver(self) -> Path:
-        return self.bin("kube-apiserver")
-
-    @property
-    def etcd(self) -> Path:
-        return self.bin("etcd")
-
-    @property
-    def kube_controller_manager(self) -> Path:
-        return self.bin("kube-controller-manager")
-
-    @property
-    def kubectl(self) -> Path:
-        return self.bin("kubectl")
-
 
 def versions() -> dict[str, str]:
     """versions.env as a dict: the pins every component is built at."""
@@ -153,6 +136,15 @@ def _tail(path: Path, lines: int = 40) -> str:
         return "(no log)"
 
 
+def wait_until(ready, what: str, timeout: float = 60, interval: float = 0.1) -> None:
+    """Poll `ready()` until it is true; ControlPlaneError naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            raise ControlPlaneError(f"{what} after {timeout:.0f} s")
+        time.sleep(interval)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -186,7 +178,7 @@ class ControlPlane:
 
     @property
     def kubectl(self) -> str:
-        return str(self.assets.kubectl)
+        return str(self.assets.bin("kubectl"))
 
     def __enter__(self) -> "ControlPlane":
         self.start()
@@ -213,8 +205,8 @@ class ControlPlane:
         if "kube-controller-manager" in self.procs:
             return
         w = self.workdir
-        self._spawn("kube-controller-manager", [
-            str(self.assets.kube_controller_manager),
+        self.spawn("kube-controller-manager", [
+            str(self.assets.bin("kube-controller-manager")),
             f"--kubeconfig={self.kubeconfig}",
             f"--controllers={controllers}",
             "--leader-elect=false",
@@ -233,12 +225,12 @@ class ControlPlane:
             "--node-monitor-grace-period=40s",
         ])
         time.sleep(0.5)
-        self._check_alive("kube-controller-manager")
+        self.check_alive("kube-controller-manager")
 
     def start_scheduler(self) -> None:
         if "kube-scheduler" in self.procs:
             return
-        self._spawn("kube-scheduler", [
+        self.spawn("kube-scheduler", [
             str(self.assets.bin("kube-scheduler")),
             f"--kubeconfig={self.kubeconfig}",
             f"--authentication-kubeconfig={self.kubeconfig}",
@@ -247,7 +239,7 @@ class ControlPlane:
             "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
         ])
         time.sleep(0.5)
-        self._check_alive("kube-scheduler")
+        self.check_alive("kube-scheduler")
 
     def stop_apiserver(self) -> None:
         """SIGTERM the kube-apiserver alone (etcd keeps the state), as a rolling upgrade does."""
@@ -300,8 +292,8 @@ class ControlPlane:
     def _start_etcd(self) -> str:
         client, peer = free_port(), free_port()
         url, peer_url = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
-        self._spawn("etcd", [
-            str(self.assets.etcd),
+        self.spawn("etcd", [
+            str(self.assets.bin("etcd")),
             f"--data-dir={self.workdir / 'etcd'}",
             f"--listen-client-urls={url}", f"--advertise-client-urls={url}",
             f"--listen-peer-urls={peer_url}", f"--initial-advertise-peer-urls={peer_url}",
@@ -314,8 +306,8 @@ class ControlPlane:
     def _start_apiserver(self, etcd_url: str, port: int = 0) -> None:
         self.port = port or free_port()
         w = self.workdir
-        self._spawn("kube-apiserver", [
-            str(self.assets.kube_apiserver),
+        self.spawn("kube-apiserver", [
+            str(self.assets.bin("kube-apiserver")),
             f"--etcd-servers={etcd_url}",
             "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
             f"--secure-port={self.port}",
@@ -332,7 +324,7 @@ class ControlPlane:
             "--enable-priority-and-fairness=false",
         ])
 
-    def _spawn(self, name: str, argv: list[str], env: Optional[dict] = None) -> None:
+    def spawn(self, name: str, argv: list[str], env: Optional[dict] = None) -> None:
         # Appended to: a restarted server's log follows its predecessor's.
         log = open(self.workdir / f"{name}.log", "ab")
         self.procs[name] = subprocess.Popen(
@@ -340,7 +332,7 @@ class ControlPlane:
             env={**os.environ, **(env or {})}, preexec_fn=_die_with_parent)
         log.close()
 
-    def _check_alive(self, name: str) -> None:
+    def check_alive(self, name: str) -> None:
         proc = self.procs[name]
         if proc.poll() is not None:
             raise ControlPlaneError(
@@ -354,7 +346,7 @@ class ControlPlane:
         deadline = time.monotonic() + timeout
         while True:
             for name in self.procs:
-                self._check_alive(name)
+                self.check_alive(name)
             try:
                 with urllib.request.urlopen(request, context=ctx, timeout=2) as resp:
                     if resp.status == 200:

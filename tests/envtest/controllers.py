@@ -27,7 +27,7 @@ from typing import Callable, Iterable, Mapping
 
 import yaml
 
-from control_plane import Assets, ControlPlane, ControlPlaneError, free_port
+from control_plane import Assets, ControlPlane, ControlPlaneError, free_port, wait_until
 
 LOAD = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
@@ -63,14 +63,14 @@ def install_crds(cp: ControlPlane, assets: Assets, components: Iterable[str] = (
             if exc.status != 409:
                 raise
         names.append(crd["metadata"]["name"])
-    deadline = time.monotonic() + 60
     for name in names:
-        while not any(c.type == "Established" and c.status == "True"
-                      for c in ext.read_custom_resource_definition(name).status.conditions or []):
-            if time.monotonic() > deadline:
-                raise ControlPlaneError(f"CRD {name} not Established after 60 s")
-            time.sleep(0.1)
+        wait_until(lambda: _true(ext.read_custom_resource_definition(name).status.conditions, "Established"),
+                   f"CRD {name} not Established")
     api.close()
+
+
+def _true(conditions, type_: str) -> bool:
+    return any(c.type == type_ and c.status == "True" for c in conditions or [])
 
 
 # ------------------------------------------------------------------------- webhooks
@@ -137,7 +137,7 @@ def _wait_healthy(cp: ControlPlane, name: str, health_port: int, timeout: float 
     """controller-runtime's /readyz: the manager started, and its webhook server serves."""
     deadline = time.monotonic() + timeout
     while True:
-        cp._check_alive(name)
+        cp.check_alive(name)
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{health_port}/readyz", timeout=2) as resp:
                 if resp.status == 200:
@@ -182,7 +182,7 @@ def start_jobset(cp: ControlPlane, assets: Assets) -> None:
             hook["objectSelector"] = {"matchExpressions": [
                 {"key": "jobset.sigs.k8s.io/jobset-name", "operator": "Exists"}]}
 
-    cp._spawn(name, [str(assets.bin(name)), f"--config={config}", f"--kubeconfig={cp.kubeconfig}"])
+    cp.spawn(name, [str(assets.bin(name)), f"--config={config}", f"--kubeconfig={cp.kubeconfig}"])
     _wait_healthy(cp, name, health)
     apply_webhooks(cp, webhook_configurations(assets.manifests / "jobset" / "manifests.yaml", "jobset", port,
                                               cert.ca_pem, patch=pods_of_jobsets_only))
@@ -221,7 +221,7 @@ def start_kueue(cp: ControlPlane, assets: Assets) -> None:
         except OSError as exc:
             raise ControlPlaneError(f"Kueue needs {metrics_certs}/tls.crt and tls.key: {exc}") from exc
     # The on-demand visibility API is an aggregated apiserver of its own: not what these tests use.
-    cp._spawn(name, [str(assets.bin(name)), f"--config={config}", f"--kubeconfig={cp.kubeconfig}",
+    cp.spawn(name, [str(assets.bin(name)), f"--config={config}", f"--kubeconfig={cp.kubeconfig}",
                      "--feature-gates=VisibilityOnDemand=false"])
     _wait_healthy(cp, name, health)
     apply_webhooks(cp, webhook_configurations(assets.manifests / "kueue" / "manifests.yaml", "kueue", port,
@@ -300,13 +300,9 @@ class Kwok:
             name = f"kwok-{pool.name}-{self._count}"
             core.create_node(self.node(pool, name))
             names.append(name)
-        deadline = time.monotonic() + 60
         for name in names:  # kwok's node stages make them Ready
-            while not any(c.type == "Ready" and c.status == "True"
-                          for c in core.read_node(name).status.conditions or []):
-                if time.monotonic() > deadline:
-                    raise ControlPlaneError(f"kwok node {name} not Ready after 60 s:\n{self.cp.logs('kwok')}")
-                time.sleep(0.2)
+            wait_until(lambda: _true(core.read_node(name).status.conditions, "Ready"),
+                       f"kwok node {name} not Ready:\n{self.cp.logs('kwok')}", interval=0.2)
         api.close()
         return names
 
@@ -329,7 +325,7 @@ def kwok_stages(assets: Assets) -> list[dict]:
 def start_kwok(cp: ControlPlane, assets: Assets) -> Kwok:
     config = cp.workdir / "kwok.yaml"
     config.write_text(yaml.safe_dump_all(kwok_stages(assets)))
-    cp._spawn("kwok", [
+    cp.spawn("kwok", [
         str(assets.bin("kwok")), f"--kubeconfig={cp.kubeconfig}", f"--config={config}",
         "--manage-all-nodes=false", f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
         "--node-lease-duration-seconds=40",
@@ -337,5 +333,5 @@ def start_kwok(cp: ControlPlane, assets: Assets) -> Kwok:
         f"--server-address=127.0.0.1:{free_port()}",
     ])
     time.sleep(0.5)
-    cp._check_alive("kwok")
+    cp.check_alive("kwok")
     return Kwok(cp)
