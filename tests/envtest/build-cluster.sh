@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # Builds the test cluster's binaries from Go modules, at the versions pinned in versions.env:
-#   kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl  (k8s.io/kubernetes)
+#   kube-apiserver, kube-controller-manager, kube-scheduler, kubelet,
+#   kube-proxy, kubectl                                                        (k8s.io/kubernetes)
 #   etcd                                                                       (go.etcd.io/etcd/server/v3)
 #   jobset-controller + its CRDs and webhook manifests                          (sigs.k8s.io/jobset)
 #   kueue + its CRDs and webhook manifests                                      (sigs.k8s.io/kueue)
 #   kwok + its stage manifests                                                  (sigs.k8s.io/kwok)
 #   helm                                                                        (helm.sh/helm/v3)
+#   containerd, containerd-shim-runc-v2, ctr                                    (containerd/v2)
+#   runc  (cgo, with libseccomp: node-packages.sh installs gcc and libseccomp-dev)  (opencontainers/runc)
+#   coredns                                                                     (coredns/coredns)
+#   pause (the pod sandbox's process, compiled from the kubernetes module's C source)
 #
 # Usage: build-cluster.sh OUTDIR   -> OUTDIR/bin/<binary>, OUTDIR/manifests/<component>/
 #
@@ -62,7 +67,7 @@ go_build() {  # go_build NAME MODULE@VERSION PACKAGE BINARY [LDFLAGS]
 # `go install pkg@version` refuses. A small wrapper module replaces them with the published v0.X.Y
 # modules of the same release instead; the cmd packages then build as dependencies of it.
 build_kubernetes() {
-  local bins="kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl"
+  local bins="kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl"
   local stamp; stamp=$(stamp_of "$KUBERNETES_VERSION")
   is_built kubernetes "$stamp" $bins && return 0
   local missing=""
@@ -148,8 +153,51 @@ build_helm() {
     "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
 }
 
+# The real node's runtime. Debian 12's containerd (1.6) is older than the 2.x this kubelet needs, and
+# its runc (1.1) cannot start what containerd 2.x asks for, so both are built here; the CNI plugins
+# are Debian's (node-packages.sh installs them).
+build_containerd() {
+  local bins="containerd containerd-shim-runc-v2 ctr"
+  local stamp; stamp=$(stamp_of "$CONTAINERD_VERSION")
+  is_built containerd "$stamp" $bins && return 0
+  log "containerd $CONTAINERD_VERSION"
+  local m=github.com/containerd/containerd/v2 w="$OUT/.work-containerd"
+  rm -rf "$w"; mkdir -p "$w/bin"
+  printf 'module rosetta.test/containerd\n\ngo 1.26\n\nrequire %s %s\n' "$m" "$CONTAINERD_VERSION" > "$w/go.mod"
+  printf '//go:build tools\n\npackage tools\n\nimport (\n\t_ "%s/cmd/containerd"\n\t_ "%s/cmd/ctr"\n\t_ "%s/cmd/containerd-shim-runc-v2"\n)\n' "$m" "$m" "$m" > "$w/tools.go"
+  (cd "$w" && go mod tidy && go build -trimpath -tags no_btrfs \
+    -ldflags="-s -w -X $m/version.Version=$CONTAINERD_VERSION" -o "$w/bin/" \
+    "$m/cmd/containerd" "$m/cmd/ctr" "$m/cmd/containerd-shim-runc-v2")
+  for b in $bins; do install_bin "$w/bin/$b" "$b"; done
+  rm -rf "$w"; mark_built containerd "$stamp"
+}
+build_runc() {
+  local stamp; stamp=$(stamp_of "$RUNC_VERSION")
+  is_built runc "$stamp" runc && return 0
+  bash "$HERE/node-packages.sh"  # gcc, libseccomp-dev, pkg-config
+  log "runc $RUNC_VERSION"
+  CGO_ENABLED=1 GOFLAGS="$GOFLAGS -tags=seccomp" go_build runc "github.com/opencontainers/runc@$RUNC_VERSION" \
+    github.com/opencontainers/runc runc "-X main.version=${RUNC_VERSION#v}"
+  mark_built runc "$stamp"
+}
+build_coredns() {
+  build_module coredns "$COREDNS_VERSION" github.com/coredns/coredns github.com/coredns/coredns coredns ""
+}
+# The sandbox ("pause") image's process: the C source ships in the kubernetes module; a static
+# binary goes into an image FROM scratch that the node imports (no registry can be reached).
+build_pause() {
+  local stamp; stamp=$(stamp_of "$KUBERNETES_VERSION $PAUSE_VERSION")
+  is_built pause "$stamp" pause && return 0
+  bash "$HERE/node-packages.sh"  # gcc, libc6-dev (a static libc)
+  log "pause $PAUSE_VERSION"
+  local kdir; kdir=$(module_dir "k8s.io/kubernetes@$KUBERNETES_VERSION")
+  gcc -Os -Wall -Werror -static -DVERSION="v$PAUSE_VERSION" -o "$OUT/bin/.pause.tmp" "$kdir/build/pause/linux/pause.c"
+  strip "$OUT/bin/.pause.tmp"; install_bin "$OUT/bin/.pause.tmp" pause
+  mark_built pause "$stamp"
+}
+
 started=$(date +%s)
-for component in ${ROSETTA_CLUSTER_COMPONENTS:-etcd kubernetes jobset kueue kwok helm}; do
+for component in ${ROSETTA_CLUSTER_COMPONENTS:-etcd kubernetes jobset kueue kwok helm containerd runc coredns pause}; do
   "build_$component"
 done
 cp "$HERE/versions.env" "$OUT/versions.env"

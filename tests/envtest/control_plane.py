@@ -5,7 +5,8 @@ versions.env, into ${ROSETTA_CLUSTER_CACHE:-~/.cache/rosetta/cluster}; later run
 Binaries in $KUBEBUILDER_ASSETS (the envtest convention: one folder holding kube-apiserver, etcd,
 kubectl, ...) are used instead of building those, and only the missing ones are built.
 
-Everything binds to 127.0.0.1 on free ports. The apiserver runs with RBAC and a static token file:
+Everything binds to 127.0.0.1 on free ports, except that a cluster with a real node (node.py) puts the
+apiserver on the node network's gateway address, the one address both the host and pods can reach. The apiserver runs with RBAC and a static token file:
 `admin` is in system:masters, so tests can create anything and still ask RBAC questions about other
 subjects (SubjectAccessReview, or impersonation).
 
@@ -40,8 +41,9 @@ from typing import Optional
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "build-cluster.sh"
 VERSIONS_FILE = HERE / "versions.env"
-BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl", "etcd",
-            "jobset-controller", "kueue", "kwok", "helm")
+BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy", "kubectl",
+            "etcd", "jobset-controller", "kueue", "kwok", "helm", "containerd", "containerd-shim-runc-v2", "ctr", "runc",
+            "coredns", "pause")
 
 
 class ControlPlaneError(RuntimeError):
@@ -160,8 +162,9 @@ def _die_with_parent() -> None:
 
 
 class ControlPlane:
-    def __init__(self, assets: Assets, workdir: Optional[Path] = None):
+    def __init__(self, assets: Assets, workdir: Optional[Path] = None, address: str = "127.0.0.1"):
         self.assets = assets
+        self.address = address
         self._own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="rosetta-envtest-"))
         self.token = secrets.token_hex(16)
@@ -174,7 +177,7 @@ class ControlPlane:
 
     @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
+        return f"https://{self.address}:{self.port}"
 
     @property
     def kubectl(self) -> str:
@@ -309,7 +312,7 @@ class ControlPlane:
         self.spawn("kube-apiserver", [
             str(self.assets.bin("kube-apiserver")),
             f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--bind-address={self.address}", f"--advertise-address={self.address}",
             f"--secure-port={self.port}",
             f"--cert-dir={w / 'certs'}",
             f"--token-auth-file={w / 'tokens.csv'}",
@@ -322,6 +325,8 @@ class ControlPlane:
             # 10 s instead of 5 min before a pod on a lost node is evicted: node-failure tests.
             "--default-not-ready-toleration-seconds=10", "--default-unreachable-toleration-seconds=10",
             "--enable-priority-and-fairness=false",
+            # Logs and exec reach a real node's kubelet by its address: test nodes have no DNS name.
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
         ])
 
     def spawn(self, name: str, argv: list[str], env: Optional[dict] = None) -> None:
@@ -360,7 +365,7 @@ class ControlPlane:
 
     def _write_kubeconfig(self) -> None:
         # The apiserver's serving certificate is self-signed in --cert-dir; trusting it explicitly
-        # keeps TLS verification on (its SANs include 127.0.0.1 via --advertise-address).
+        # keeps TLS verification on (its SANs include the address via --advertise-address).
         ca = self.workdir / "certs" / "apiserver.crt"
         cluster = (f"    certificate-authority: {ca}\n" if ca.exists()
                    else "    insecure-skip-tls-verify: true\n")
