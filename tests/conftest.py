@@ -23,6 +23,7 @@ import pytest
 from support.cluster import Cluster, start_control_plane  # puts tests/envtest on sys.path
 from control_plane import ControlPlaneError  # noqa: E402
 from controllers import install_crds  # noqa: E402
+from support.images import docker_engine, image_logs, images, test_base  # noqa: E402,F401 - fixtures
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ import urllib.request
 
 import pytest
 
-from images_support import BASE_IMAGE, BUILD_ARGS, DOCKER, HERE, REPO, docker
+from support.images import BASE_IMAGE, BUILD_ARGS, DOCKER, HERE, REPO, docker
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 

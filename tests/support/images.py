@@ -1,5 +1,13 @@
-"""Names and helpers shared by tests/images' conftest.py and tests (a module name of its own:
-pytest's `conftest` modules cannot be imported by name)."""
+"""The Dockerfile's images for tests: names, helpers and session fixtures, built from scratch on a
+fresh machine and cached after. tests/conftest.py exposes the fixtures to every folder (the image
+tests in tests/images and the real-node tests in tests/cluster share one build per session).
+
+`docker_engine` runs docker-engine.sh (docker.io from Debian, dockerd started if not answering);
+`test_base` runs debian-base.sh (a Python 3.11 image from debootstrap, reused while current);
+`images` builds the Dockerfile's trainer and operator targets on that base (Docker's layer cache in
+/var/lib/docker makes a rebuild after a source change take about half a minute, not the cold
+minutes; superseded builds on the test base are pruned).
+"""
 
 from __future__ import annotations
 
@@ -10,8 +18,8 @@ from typing import NamedTuple
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
+REPO = Path(__file__).resolve().parents[2]
+HERE = REPO / "tests" / "images"  # the image scripts
 DOCKER = os.environ.get("DOCKER", "docker")
 BASE_IMAGE = "rosetta-test/python:3.11-bookworm"
 TRAINER = "rosetta-trainer:test"
@@ -39,3 +47,39 @@ def docker(*args: str, timeout: float = 300, check: bool = True) -> subprocess.C
     if check and proc.returncode:
         pytest.fail(f"docker {' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}", pytrace=False)
     return proc
+
+
+@pytest.fixture(scope="session")
+def image_logs(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("image-logs")
+
+
+@pytest.fixture(scope="session")
+def docker_engine(image_logs) -> str:
+    run_logged(["bash", str(HERE / "docker-engine.sh")], image_logs / "docker-engine.log", timeout=600)
+    return DOCKER
+
+
+@pytest.fixture(scope="session")
+def test_base(docker_engine, image_logs) -> str:
+    run_logged(["bash", str(HERE / "debian-base.sh")], image_logs / "debian-base.log",
+               env={**os.environ, "IMAGE": BASE_IMAGE}, timeout=1200)
+    return BASE_IMAGE
+
+
+def build(target: str, tag: str, logs: Path) -> None:
+    args = [f"--build-arg={k}={v}" for k, v in BUILD_ARGS.items()]
+    run_logged([DOCKER, "build", *args, "--target", target, "--tag", tag, str(REPO)],
+               logs / f"build-{target}.log", timeout=3000)
+
+
+@pytest.fixture(scope="session")
+def images(test_base, image_logs) -> Images:
+    # Every stage tagged (the classic builder builds the stages before the target anyway), so that
+    # what an earlier source tree built is left dangling and pruned, and the current cache is kept.
+    build("wheel", WHEEL, image_logs)
+    build("operator", OPERATOR, image_logs)
+    build("trainer", TRAINER, image_logs)
+    # Only images built on the test base (they inherit its label), never anyone else's.
+    docker("image", "prune", "--force", "--filter", "label=org.rosetta.recipe")
+    return Images(TRAINER, OPERATOR)
