@@ -75,7 +75,7 @@ ENV PYTHONUNBUFFERED=1 \
 COPY constraints.txt /etc/rosetta/constraints.txt
 # torch and the pinned stack first, in a layer of their own: it does not change with rosetta's
 # sources, so rebuilding after a code change reuses it (several GB of CUDA wheels).
-# DS_BUILD_OPS=0: DeepSpeed's CUDA ops are JIT-compiled when first used, not at install time.
+# DS_BUILD_OPS=0: DeepSpeed's ops are JIT-compiled when first used (see the compiler below).
 RUN python3 -m venv --upgrade-deps /opt/venv \
     && DS_BUILD_OPS=0 pip install -c /etc/rosetta/constraints.txt "${TORCH}" transformers tokenizers accelerate deepspeed
 COPY --from=wheel /dist /tmp/dist
@@ -83,6 +83,14 @@ COPY --from=wheel /dist /tmp/dist
 RUN DS_BUILD_OPS=0 pip install -c /etc/rosetta/constraints.txt "${TORCH}" /tmp/dist/*.whl \
     && python -c "import torch, deepspeed, rosetta_trainer; print('torch', torch.__version__, 'cuda', torch.version.cuda)" \
     && rm -rf /tmp/dist
+# DeepSpeed compiles its ops the first time a run uses one (CPU Adam for ZeRO-Offload, among others),
+# and torch.compile builds its kernels' launchers: both need a C++ compiler and Python's headers in
+# the image (official python images ship the headers; a Debian-packaged Python needs python3-dev).
+# After the pip layers, so that adding it did not invalidate their cache.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends g++ $(python3 -c "import os, sysconfig; \
+print('' if os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')) else 'python3-dev')") \
+    && rm -rf /var/lib/apt/lists/*
 RUN groupadd --gid 10001 rosetta \
     && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/rosetta --shell /usr/sbin/nologin rosetta \
     && mkdir -p /checkpoints /home/rosetta/.cache \
