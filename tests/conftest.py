@@ -145,7 +145,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     if report.failed and call.when == "call":
         funcargs = getattr(item, "funcargs", {})
         cluster: Optional[Cluster] = funcargs.get("cluster") or funcargs.get("live_cluster")
-        if cluster is not None:
+        if hasattr(cluster, "logs"):  # not a test's own parameter that happens to be called `cluster`
             report.sections.append(("control plane logs", cluster.logs()))
 
 
