@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from support.cluster import REPO, Cluster
 from rosetta_operator.render import jobset_suspend, render
 from rosetta_operator.spec import load_training, parse_spec
+from rosetta_trainer.config import read_yaml
 
 pytestmark = pytest.mark.integration
 
@@ -79,7 +79,7 @@ def test_rendered_configmap_and_jobset_are_accepted(cluster: Cluster, namespace:
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_translation_training_is_accepted_by_its_crd(cluster: Cluster, namespace: str, path: Path):
-    doc = yaml.safe_load(path.read_text())
+    doc = read_yaml(path)  # the TranslationTraining; the file may also hold the claim it mounts
     doc["metadata"] = {**doc["metadata"], "namespace": namespace}
     cluster.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, doc)
     got = cluster.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, doc["metadata"]["name"])

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from rosetta_trainer.config import (CLUSTER_KEYS, ConfigError, apply_overrides, load_document, parse_document,
-                                    task_prefix)
+                                    read_yaml, task_prefix)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -120,8 +120,23 @@ def test_file_problems_are_config_errors(tmp_path):
         load_document(bad)
     two = tmp_path / "two.yaml"
     two.write_text("a: 1\n---\nb: 2\n")
-    with pytest.raises(ConfigError, match="one YAML document, found 2"):
+    with pytest.raises(ConfigError, match=r"one TranslationTraining document, found 0 among 2 documents "
+                                          r"\(no kind, no kind\)"):
         load_document(two)
+    both = tmp_path / "both.yaml"
+    both.write_text(yaml.safe_dump(minimal()) + "---\n" + yaml.safe_dump(minimal()))
+    with pytest.raises(ConfigError, match="found 2 among 2 documents"):
+        load_document(both)
+
+
+def test_a_file_with_other_kinds_beside_the_training_gives_the_training(tmp_path):
+    # What `kubectl apply -f` takes as a whole: e.g. the PVC the training mounts, then the training.
+    claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "runs"},
+             "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}}
+    path = tmp_path / "with-claim.yaml"
+    path.write_text("# comment\n---\n" + yaml.safe_dump_all([claim, minimal(), {"kind": "ConfigMap"}]))
+    assert read_yaml(path) == minimal()
+    assert load_document(path, ["spec.training.maxSteps=3"]).spec.training.max_steps == 3
 
 
 def test_task_prefix_default_follows_model_and_targets():

@@ -618,6 +618,9 @@ def parse_document(raw: Any, source: str | None = None, model: type[BaseModel] =
 
 
 def read_yaml(path: str | Path) -> dict:
+    """The TranslationTraining of a YAML file: its only document, or, in a file that `kubectl apply`
+    takes as a whole (e.g. a PersistentVolumeClaim, then the training), the one of kind
+    TranslationTraining; documents of other kinds are ignored."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -627,9 +630,19 @@ def read_yaml(path: str | Path) -> dict:
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as exc:
         raise ConfigError([("(yaml)", str(exc))], str(path)) from None
-    if len(docs) != 1:
-        raise ConfigError([("(file)", f"expected one YAML document, found {len(docs)}")], str(path))
-    return docs[0]
+    return pick_training(docs, str(path))
+
+
+def pick_training(docs: list, source: str | None = None):
+    """The TranslationTraining among the documents of one file (see read_yaml)."""
+    if len(docs) == 1:
+        return docs[0]  # validation says what is wrong with it, kind included
+    trainings = [d for d in docs if isinstance(d, dict) and d.get("kind") == KIND]
+    if len(trainings) != 1:
+        kinds = ", ".join(str(d.get("kind") or "no kind") if isinstance(d, dict) else "not a mapping" for d in docs)
+        raise ConfigError([("(file)", f"expected one {KIND} document, found {len(trainings)} among "
+                                      f"{len(docs)} documents ({kinds or 'none'})")], source)
+    return trainings[0]
 
 
 def load_document(path: str | Path, overrides: list[str] | None = None,
