@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from rosetta_trainer.checkpoint import complete_checkpoints
-from support.training import TINY, deep_update, read_jsonl
+from support.training import SHARED_CHECKPOINTS, TINY, deep_update, read_jsonl
 
 pytestmark = pytest.mark.slow
 
@@ -21,7 +21,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def write_training(tmp_path: Path, spec_patch: dict) -> Path:
     path = tmp_path / "training.yaml"
-    path.write_text(yaml.safe_dump(deep_update(TINY, {"spec": {"nodes": 2, **spec_patch}})))
+    path.write_text(yaml.safe_dump(deep_update(TINY, {"spec": {"nodes": 2, "volumes": SHARED_CHECKPOINTS,
+                                                               **spec_patch}})))
     return path
 
 
@@ -41,9 +42,11 @@ def wait_for_checkpoint(root: Path, step: int, proc: subprocess.Popen, timeout: 
 
 def test_two_nodes_join_one_rendezvous_and_write_to_the_mapped_volume(tmp_path):
     cfg = write_training(tmp_path, {"training": {"maxSteps": 30}, "checkpoint": {"interval": 10, "keep": 2},
-                                    "evaluation": {"interval": 10}})
+                                    "evaluation": {"interval": 10},
+                                    "volumes": [*SHARED_CHECKPOINTS, {"name": "scratch", "mountPath": "/scratch",
+                                                                      "emptyDir": {}}]})
     volume = tmp_path / "shared-volume"
-    proc = rosetta_run(["-f", str(cfg), "--output", str(tmp_path / "run"), "--volume", f"output={volume}",
+    proc = rosetta_run(["-f", str(cfg), "--output", str(tmp_path / "run"), "--volume", f"runs={volume}",
                         # reaches the trainer only through the rendered ConfigMap
                         "--set", "spec.training.maxSteps=24"])
     out, _ = proc.communicate(timeout=600)
@@ -57,6 +60,9 @@ def test_two_nodes_join_one_rendezvous_and_write_to_the_mapped_volume(tmp_path):
     # pod logs are prefixed and both pods ran
     assert "[tiny-node-0-0]" in out
     assert (tmp_path / "run" / "logs" / "tiny-node-0-1.log").stat().st_size > 0
+    # the claim is the mapped directory; the emptyDir is each pod's own
+    assert [p.name for p in sorted((tmp_path / "run" / "pods" / "attempt-0").iterdir())] == ["pod-0", "pod-1"]
+    assert all((tmp_path / "run" / "pods" / "attempt-0" / pod / "scratch").is_dir() for pod in ("pod-0", "pod-1"))
 
     run = json.loads((tmp_path / "run" / "run.json").read_text())
     assert run["phase"] == "Succeeded" and run["restarts"] == 0
@@ -73,7 +79,7 @@ def test_a_killed_pod_restarts_the_set_which_resumes_from_its_checkpoint(tmp_pat
                                     "evaluation": {"interval": 75}, "failurePolicy": {"maxRestarts": 2}})
     run_dir = tmp_path / "run"
     proc = rosetta_run(["-f", str(cfg), "--output", str(run_dir)])
-    ckpts = run_dir / "volumes" / "output" / "tiny" / "checkpoints"
+    ckpts = run_dir / "volumes" / "runs" / "tiny" / "checkpoints"
     wait_for_checkpoint(ckpts, 20, proc)
     pods = json.loads((run_dir / "pods.json").read_text())
     victim = next(p for p in pods["pods"] if p["index"] == 1)
@@ -86,11 +92,11 @@ def test_a_killed_pod_restarts_the_set_which_resumes_from_its_checkpoint(tmp_pat
     run = json.loads((run_dir / "run.json").read_text())
     assert run["phase"] == "Succeeded" and run["restarts"] == 1
 
-    summary = json.loads((run_dir / "volumes" / "output" / "tiny" / "summary.json").read_text())
+    summary = json.loads((run_dir / "volumes" / "runs" / "tiny" / "summary.json").read_text())
     assert summary["steps"] == 150 and summary["world_size"] == 2
     assert summary["restart_attempt"] == 1
     assert summary["resumed_from_step"] is not None and summary["resumed_from_step"] >= killed_after >= 20
-    steps = [r["step"] for r in read_jsonl(run_dir / "volumes" / "output" / "tiny" / "metrics.jsonl")]
+    steps = [r["step"] for r in read_jsonl(run_dir / "volumes" / "runs" / "tiny" / "metrics.jsonl")]
     assert steps == list(range(1, 151))  # resumed where it stopped: no step lost, none repeated
 
 
@@ -99,7 +105,7 @@ def test_ctrl_c_stops_every_pod_after_a_checkpoint(tmp_path):
                                     "evaluation": {"interval": 100000}})
     run_dir = tmp_path / "run"
     proc = rosetta_run(["-f", str(cfg), "--output", str(run_dir)])
-    ckpts = run_dir / "volumes" / "output" / "tiny" / "checkpoints"
+    ckpts = run_dir / "volumes" / "runs" / "tiny" / "checkpoints"
     wait_for_checkpoint(ckpts, 10, proc)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
@@ -109,6 +115,6 @@ def test_ctrl_c_stops_every_pod_after_a_checkpoint(tmp_path):
         with pytest.raises(ProcessLookupError):
             os.killpg(pod["pgid"], 0)  # nothing of the pod is left running
     # SIGTERM made the trainer write a last checkpoint past the periodic ones
-    summary = json.loads((run_dir / "volumes" / "output" / "tiny" / "summary.json").read_text())
+    summary = json.loads((run_dir / "volumes" / "runs" / "tiny" / "summary.json").read_text())
     assert summary["stopped_early"] is True
     assert (ckpts / f"step-{summary['steps']:08d}" / "COMPLETE").exists()

@@ -39,6 +39,11 @@ TINY = {
 
 deep_update = deep_merge  # the name the tests patch TINY with
 
+# What a training on more than one node needs: its checkpoints on a volume every pod shares (on a
+# cluster a ReadWriteMany PVC; `rosetta run` makes it one directory, <output>/volumes/runs/).
+SHARED_CHECKPOINTS = [{"name": "runs", "mountPath": "/runs", "purpose": "checkpoints",
+                       "persistentVolumeClaim": {"claimName": "runs"}}]
+
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

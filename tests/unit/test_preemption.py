@@ -10,7 +10,7 @@ from rosetta_operator.local.pods import fit_hardware, mount_volumes, plan_pods
 from rosetta_operator.render import render
 from rosetta_operator.spec import parse_training
 from rosetta_trainer.preemption import GRACE_ENV, WARN_FRACTION, StopRequested, grace_period_from_env
-from support.training import TINY, deep_update
+from support.training import SHARED_CHECKPOINTS, TINY, deep_update
 
 
 class Clock:
@@ -138,7 +138,9 @@ def test_a_bad_grace_env_is_a_clear_error(raw, expected):
 
 @pytest.mark.parametrize("spec_grace, rendered", [(None, "30"), (120, "120"), (0, "0")])
 def test_every_pod_is_told_its_grace_period_here_and_on_a_cluster(tmp_path, spec_grace, rendered):
-    patch = {"nodes": 2} if spec_grace is None else {"nodes": 2, "terminationGracePeriodSeconds": spec_grace}
+    patch = {"nodes": 2, "volumes": SHARED_CHECKPOINTS}
+    if spec_grace is not None:
+        patch["terminationGracePeriodSeconds"] = spec_grace
     training = parse_training(deep_update(TINY, {"spec": patch}))
     jobset = render("tiny", "default", training.spec)
     pod = jobset.jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
@@ -147,7 +149,7 @@ def test_every_pod_is_told_its_grace_period_here_and_on_a_cluster(tmp_path, spec
     assert env[GRACE_ENV] == env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == rendered
     assert pod.get("terminationGracePeriodSeconds") == spec_grace
 
-    paths = mount_volumes(jobset, tmp_path, {})
+    mounts = mount_volumes(jobset, tmp_path, {})
     hardware = fit_hardware(2, 0, 1, available_gpus=0)
-    for local in plan_pods(jobset, 2, paths, hardware, master_port=29500, attempt=0, warn=pytest.fail):
+    for local in plan_pods(jobset, 2, mounts, hardware, master_port=29500, attempt=0, warn=pytest.fail):
         assert local.env[GRACE_ENV] == local.env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == rendered

@@ -7,10 +7,16 @@ each container path under a mount is rewritten to the local directory behind it,
 env, in the command and in the ConfigMap's trainer config (data and checkpoint paths in
 the YAML usually point into mounted volumes).
 
+Volumes are local directories, shared as a cluster shares them: a persistentVolumeClaim is one
+directory (under the run's output dir) that every pod mounts and that outlives restarts; a
+hostPath is the host path (all local pods are on one node); an emptyDir is each pod's own, a new
+directory for every pod of every restart attempt (see `Mounts`). So the trainer config, whose
+paths may point into an emptyDir, is translated per pod when it has to be.
+
 What differs from a cluster is explicit and small: the master address is 127.0.0.1 with a
-free port, /dev/shm is the host's, GPUs are the ones this machine has (see `fit_hardware`),
-and volumes are local directories (by default under the run's output dir, shared by all
-pods and kept across restarts, like a PVC).
+free port, /dev/shm, /tmp and the home directory are the host's, GPUs are the ones this
+machine has (see `fit_hardware`), and `--volume NAME=DIR` puts a volume in a directory of
+your choice (shared by the pods, even an emptyDir: you asked for it, and are told).
 """
 
 from __future__ import annotations
@@ -83,6 +89,47 @@ class LocalPod:
     index: int
     argv: list[str]
     env: dict[str, str]  # only what the pod sets; the runner adds the parent's environment
+    paths: PathMap = field(default_factory=PathMap)  # this pod's mounts
+
+
+@dataclass
+class Mounts:
+    """Where the pod template's mounts are on this machine.
+
+    `shared` maps the mounts every pod sees the same, for the whole run: persistentVolumeClaims,
+    hostPaths and `--volume` directories. Each emptyDir is per pod and per restart attempt, as a
+    new pod gets a new one: <output>/pods/attempt-A/pod-I/<volume> (a new run into the same output
+    starts without the last run's, as new pods do). The ConfigMap's trainer config goes to
+    <output>/config/ when it reads the same for every pod, else to each pod's own config/.
+    """
+
+    output: Path
+    shared: PathMap = field(default_factory=PathMap)
+    empty_dirs: list[tuple[str, str, str]] = field(default_factory=list)  # (mountPath, volume, subPath)
+    config_mount: str | None = None
+    config_text: str | None = None  # the ConfigMap's trainer config, container paths
+
+    def pod_dir(self, attempt: int, index: int) -> Path:
+        return self.output / "pods" / f"attempt-{attempt}" / f"pod-{index}"
+
+    def for_pod(self, attempt: int, index: int) -> PathMap:
+        """Create pod `index`'s emptyDirs for restart attempt `attempt`, write its config; its path map."""
+        paths = PathMap(list(self.shared.mounts))
+        for mount_path, name, sub_path in self.empty_dirs:
+            local = self.pod_dir(attempt, index) / name
+            local = local / sub_path if sub_path else local
+            local.mkdir(parents=True, exist_ok=True)
+            paths.add(mount_path, local.resolve())
+        if self.config_mount is not None:
+            text = _translate_config(self.config_text, paths)
+            same_for_all = text == _translate_config(self.config_text, self.shared)
+            config_dir = self.output / "config" if same_for_all else self.pod_dir(attempt, index) / "config"
+            config_dir.mkdir(parents=True, exist_ok=True)
+            path = config_dir / CONFIG_KEY
+            if not path.exists() or path.read_text() != text:
+                path.write_text(text)
+            paths.add(self.config_mount, config_dir.resolve())
+        return paths
 
 
 def free_port() -> int:
@@ -137,8 +184,9 @@ def _pod_template(rendered: Rendered) -> dict:
     return jobs[0]["template"]["spec"]["template"]["spec"]
 
 
-def mount_volumes(rendered: Rendered, output: Path, volume_dirs: dict[str, Path]) -> PathMap:
-    """Create the local directory of every volume and write the ConfigMap into its own."""
+def mount_volumes(rendered: Rendered, output: Path, volume_dirs: dict[str, Path],
+                  warn: Callable[[str], None] = print) -> Mounts:
+    """Create the local directory of every shared volume; emptyDirs come per pod (`Mounts.for_pod`)."""
     pod = _pod_template(rendered)
     container = pod["containers"][0]
     sources = {v["name"]: v for v in pod.get("volumes", [])}
@@ -146,29 +194,33 @@ def mount_volumes(rendered: Rendered, output: Path, volume_dirs: dict[str, Path]
     if unknown:
         raise LocalRunError(f"--volume {', '.join(unknown)}: no such volume; the pod has "
                             f"{', '.join(sorted(n for n in sources if n not in ('config', 'dshm', 'tmp', 'home')))}")
-    paths = PathMap()
-    config_dir: Path | None = None
+    mounts = Mounts(output=output)
+    shutil.rmtree(output / "pods", ignore_errors=True)  # the emptyDirs of the last run's pods
     for mount in container.get("volumeMounts", []):
         name, source = mount["name"], sources[mount["name"]]
         if mount["mountPath"] == "/dev/shm" or mount["mountPath"] in SCRATCH_MOUNTS:
             continue  # the host's shared memory, /tmp and home serve the same purpose
         if "configMap" in source:
-            config_dir = output / "config"
-            local = config_dir
-        elif name in volume_dirs:
+            mounts.config_mount = mount["mountPath"]
+            mounts.config_text = rendered.configmap["data"][CONFIG_KEY]
+            continue
+        if name in volume_dirs:
             local = volume_dirs[name]
+            if "emptyDir" in source:
+                warn(f"--volume {name}: an emptyDir, which each pod gets its own of on a cluster; "
+                     f"here every pod shares {local}, and keeps it across restarts")
+        elif "emptyDir" in source:
+            mounts.empty_dirs.append((mount["mountPath"], name, mount.get("subPath") or ""))
+            continue
         elif "hostPath" in source:
-            local = Path(source["hostPath"]["path"])  # already a path on this machine
-        else:
+            local = Path(source["hostPath"]["path"])  # already a path on this machine, the pods' one node
+        else:  # a persistentVolumeClaim: one volume every pod mounts, kept across restarts
             local = output / "volumes" / name
         if mount.get("subPath"):
             local = local / mount["subPath"]
         local.mkdir(parents=True, exist_ok=True)
-        paths.add(mount["mountPath"], local.resolve())
-    if config_dir is not None:
-        text = rendered.configmap["data"][CONFIG_KEY]
-        (config_dir / CONFIG_KEY).write_text(_translate_config(text, paths))
-    return paths
+        mounts.shared.add(mount["mountPath"], local.resolve())
+    return mounts
 
 
 def _launcher_argv(argv: list[str]) -> list[str]:
@@ -208,14 +260,15 @@ def pod_env(container: dict, index: int, pod_name: str, paths: PathMap,
     return env
 
 
-def plan_pods(rendered: Rendered, nodes: int, paths: PathMap, hardware: Hardware, *, master_port: int,
+def plan_pods(rendered: Rendered, nodes: int, mounts: Mounts, hardware: Hardware, *, master_port: int,
               attempt: int, warn: Callable[[str], None] = print) -> list[LocalPod]:
-    """One LocalPod per node, for restart attempt `attempt` of the set."""
+    """One LocalPod per node, for restart attempt `attempt` of the set (each with new emptyDirs)."""
     container = _pod_template(rendered)["containers"][0]
     total_procs = nodes * hardware.procs_per_pod
     pods = []
     for index in range(nodes):
         name = rendered.names.pod_hostname(index)
+        paths = mounts.for_pod(attempt, index)
         fixed = {
             "ROSETTA_MASTER_ADDR": "127.0.0.1",
             "ROSETTA_MASTER_PORT": str(master_port),
@@ -235,11 +288,12 @@ def plan_pods(rendered: Rendered, nodes: int, paths: PathMap, hardware: Hardware
         unresolved = sorted({m for arg in argv for m in _VAR_REF.findall(arg)})
         if unresolved:
             raise LocalRunError(f"the container command uses undefined variables: {', '.join(unresolved)}")
-        pods.append(LocalPod(name=name, index=index, argv=_launcher_argv(argv), env=env))
+        pods.append(LocalPod(name=name, index=index, argv=_launcher_argv(argv), env=env, paths=paths))
     return pods
 
 
 def trainer_output(rendered: Rendered, paths: PathMap) -> Path:
-    """Where rank 0 writes metrics, evaluations and the summary (the trainer's --output), locally."""
+    """Where rank 0 writes metrics, evaluations and the summary (the trainer's --output), locally:
+    `paths` of the first pod (rank 0's), which differ per attempt when the output is an emptyDir."""
     env = {var["name"]: var.get("value") for var in _pod_template(rendered)["containers"][0].get("env", [])}
     return Path(paths.local(env["ROSETTA_OUTPUT"]))

@@ -41,20 +41,33 @@ class JsonlFollower:
 class TrainingProgress:
     """Step/total, loss, tokens/s, latest BLEU and ETA, refreshed on every `tick()`."""
 
-    def __init__(self, trainer_output: Path, enabled: bool = True, min_interval: float = 0.5):
-        self.metrics = JsonlFollower(trainer_output / "metrics.jsonl")
-        self.evals = JsonlFollower(trainer_output / "eval.jsonl")
+    def __init__(self, trainer_output: Optional[Path], enabled: bool = True, min_interval: float = 0.5):
         self.enabled, self.min_interval = enabled, min_interval
         self.bar: Optional[tqdm] = None
         self.last: dict = {}
         self.bleu: Optional[float] = None
         self._next = 0.0
+        self.output: Optional[Path] = None
+        self.metrics = self.evals = None
+        if trainer_output is not None:
+            self.follow(trainer_output)
+
+    def follow(self, trainer_output: Path) -> None:
+        """Read rank 0's files from `trainer_output` from now on (a restart attempt whose output is a new
+        emptyDir starts over there; the bar then restarts at its first record)."""
+        if trainer_output == self.output:
+            return
+        self.output = trainer_output
+        self.metrics = JsonlFollower(trainer_output / "metrics.jsonl")
+        self.evals = JsonlFollower(trainer_output / "eval.jsonl")
 
     def tick(self) -> None:
         now = time.monotonic()
         if now < self._next:
             return
         self._next = now + self.min_interval
+        if self.metrics is None:
+            return
         records = self.metrics.new_records()
         for record in self.evals.new_records():
             if record.get("split") == "validation" and record.get("bleu") is not None:

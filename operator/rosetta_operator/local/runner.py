@@ -2,7 +2,11 @@
 
     output/
       config/training.yaml      the ConfigMap, paths rewritten to local directories
-      volumes/<name>/           each volume (unless --volume NAME=DIR maps it elsewhere)
+      volumes/<name>/           each persistentVolumeClaim: shared by the pods, kept across restarts
+                                (unless --volume NAME=DIR maps it elsewhere; a hostPath is the host's)
+      pods/attempt-A/pod-I/     pod I's emptyDirs in restart attempt A, one directory per volume
+                                (and config/ when its trainer config points into them); a new run
+                                into the same output starts without them, as new pods do
       logs/<pod>.log            each pod's output, every attempt appended
       pods.json                 the current attempt's pods and process ids
       plots/*.png               training loss, learning rate, validation BLEU
@@ -44,20 +48,29 @@ def run(file: str, *, output: str | None = None, volumes: list[str] = (), overri
     out = Path(output or Path("runs") / name).resolve()
     out.mkdir(parents=True, exist_ok=True)
     rendered = render(name, namespace, spec)
-    paths = mount_volumes(rendered, out, parse_volume_args(list(volumes)))
+
+    def warn(msg: str) -> None:
+        print(f"[rosetta run] {msg}", file=sys.stderr, flush=True)
+
+    mounts = mount_volumes(rendered, out, parse_volume_args(list(volumes)), warn=warn)
     hardware = fit_hardware(spec.nodes, spec.gpus_per_node, spec.procs, gpu_count())
     if hardware.note:
-        print(f"[rosetta run] {hardware.note}", file=sys.stderr, flush=True)
-
-    def make_pods(attempt: int):
-        # A fresh rendezvous port per attempt: the last one may linger in TIME_WAIT.
-        return plan_pods(rendered, spec.nodes, paths, hardware, master_port=free_port(), attempt=attempt,
-                         warn=lambda msg: print(f"[rosetta run] {msg}", file=sys.stderr, flush=True))
-
-    trainer_out = trainer_output(rendered, paths)
+        warn(hardware.note)
     print(f"[rosetta run] {name}: {spec.nodes} pod(s) x {hardware.procs_per_pod} process(es), "
           f"output {out}", flush=True)
-    bar = TrainingProgress(trainer_out, enabled=progress)
+    bar = TrainingProgress(None, enabled=progress)
+    trainer_out: Path | None = None
+
+    def make_pods(attempt: int):
+        nonlocal trainer_out
+        # A fresh rendezvous port per attempt: the last one may linger in TIME_WAIT.
+        pods = plan_pods(rendered, spec.nodes, mounts, hardware, master_port=free_port(), attempt=attempt,
+                         warn=warn)
+        # Rank 0's output: the same every attempt on a PVC, a new emptyDir each attempt otherwise.
+        trainer_out = trainer_output(rendered, pods[0].paths)
+        bar.follow(trainer_out)
+        return pods
+
     sink = (lambda line: None) if quiet else bar.write
     # The same grace the pods get on a cluster, and that the pods' env tells the trainer.
     grace = float(grace_period_seconds(spec))

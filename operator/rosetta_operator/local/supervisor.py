@@ -1,8 +1,8 @@
 """Run the pods of one JobSet as process groups and apply its failure policy.
 
 As on a cluster, the pods form a gang: when one fails, the others are stopped and the whole
-set is started again (a new restart attempt) until `maxRestarts` is used up; the trainer
-resumes from its latest checkpoint. Each pod is its own process group. Stopping is SIGTERM
+set is started again (a new restart attempt, new pods with new emptyDirs) until `maxRestarts`
+is used up; the trainer resumes from its latest checkpoint on the shared volume. Each pod is its own process group. Stopping is SIGTERM
 to the launcher first (it forwards it, and the trainer checkpoints on it), then SIGKILL to
 the whole group after the grace period, as the kubelet does with a container.
 """
@@ -66,7 +66,8 @@ class _Pod:
 
 
 class LocalJobSet:
-    """`make_pods(attempt)` builds the pods of each attempt (fresh ports, same volumes)."""
+    """`make_pods(attempt)` builds the pods of each attempt: fresh ports and emptyDirs, the same
+    shared volumes (where the checkpoints are, for the new pods to resume from)."""
 
     def __init__(self, make_pods: Callable[[int], list[LocalPod]], *, max_restarts: int, grace_seconds: float,
                  output: Path, sink: Callable[[str], None] = print, on_tick: Optional[Callable[[], None]] = None):
