@@ -1,11 +1,12 @@
-"""Trainer processes for the fault tests: start one (alone or under torchrun), find a rank's
-process, and read the metrics an attempt wrote itself."""
+"""Trainer processes for the fault and training tests: start one (alone, under torchrun, or as two
+'nodes'), find a rank's process, and read the metrics an attempt wrote itself."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,6 +22,27 @@ def start_training(cfg: Path, output: Path, ranks: int, log: Path, env: dict[str
         return subprocess.Popen([sys.executable, *launcher, *trainer], stdout=fh, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **env})
+
+
+def two_node_training(cfg: Path, outputs: list[Path], *extra: str, timeout: float = 900) -> list[tuple[int, str]]:
+    """`rosetta train` on two 'nodes' of this machine: two torchrun launchers of one worker each,
+    node ranks 0 and 1 (what each pod of a 2-node JobSet runs), node R writing to outputs[R].
+    Returns each node's (exit status, output); the output is also in <output>.log beside each."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    logs = [out.parent / f"{out.name}.log" for out in outputs]
+    nodes = []
+    for rank, (out, log) in enumerate(zip(outputs, logs)):
+        with open(log, "w") as fh:  # a file, not a pipe: a node that is not read never blocks
+            nodes.append(subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={rank}",
+                 "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}",
+                 "-m", "rosetta_trainer", "train", "-f", str(cfg), "--output", str(out), "--no-progress", *extra],
+                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}))
+    codes = [node.wait(timeout=timeout) for node in nodes]
+    return [(code, log.read_text()) for code, log in zip(codes, logs)]
 
 
 def _children(pid: int) -> list[tuple[int, list[bytes]]]:

@@ -6,7 +6,9 @@
         --nproc-per-node 8 -m rosetta_trainer train -f FILE        # two nodes
 
 `python -m rosetta_trainer ARGS` is the same as `rosetta ARGS`. A run whose
-output directory already holds a complete checkpoint resumes from it.
+output directory already holds a complete checkpoint resumes from it. On more
+than one node the checkpoint directory must be one that every node mounts (the
+run stops at start, naming it, if not); rank 0 sends the tokenizer it trains.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
     output.mkdir(parents=True, exist_ok=True)
     ckpt_root = Path(spec.checkpoint.dir) if spec.checkpoint.dir else Path("checkpoints")
     ckpt_root = ckpt_root if ckpt_root.is_absolute() else output / ckpt_root
+    ckpt.check_shared(ckpt_root, world)  # ranks on several nodes: one directory for all, or a clear error
     resume_from = ckpt.latest_checkpoint(ckpt_root)
     if spec.checkpoint.s3 is not None:  # an empty node resumes from the newest complete copy in S3
         resume_from = s3_mirror.resume_point(spec.checkpoint.s3, ckpt_root, world)
@@ -78,7 +81,7 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
         raise ValueError("spec.data.train: no training examples")
     use_prefix = spec.uses_task_prefix()
 
-    # 2. tokenizer (trained once by rank 0, then read by every rank)
+    # 2. tokenizer (trained once by rank 0, then sent to every rank)
     d = spec.data
     tokenizer = _prepare_tokenizer(spec, model_inputs(train_examples, d.source_lang, use_prefix),
                                    [e.target for e in train_examples], output, world, resume_from)
@@ -162,8 +165,12 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
 
 
 def _prepare_tokenizer(spec, sources, targets, output: Path, world, resume_from):
-    """A resumed run reuses its checkpoint's tokenizer; a new one is trained by rank 0 only."""
-    from rosetta_trainer.distributed import barrier
+    """A resumed run reuses its checkpoint's tokenizer; a new one is trained by rank 0 only, which
+    saves it to <output>/tokenizer and sends its files to the other ranks: they load it from a
+    private directory, so no rank needs to see rank 0's output (a pod's own disk on another node)."""
+    import tempfile
+
+    from rosetta_trainer.distributed import broadcast_object
     from rosetta_trainer.tokenization import load_tokenizer, train_tokenizer
 
     if resume_from is not None:
@@ -173,10 +180,19 @@ def _prepare_tokenizer(spec, sources, targets, output: Path, world, resume_from)
     if spec.tokenizer.train is None:
         return load_tokenizer(spec.model.name)
     out = output / "tokenizer"
+    files = None
     if world.is_main:
         train_tokenizer(spec.tokenizer.train, [*sources, *targets], out)
-    barrier(world)
-    return load_tokenizer(str(out))
+        files = {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    files = broadcast_object(world, files)
+    if world.is_main:
+        return load_tokenizer(str(out))
+    with tempfile.TemporaryDirectory(prefix="rosetta-tokenizer-") as private:
+        for name, data in files.items():
+            path = Path(private) / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        return load_tokenizer(private)  # read into memory: the directory may go
 
 
 def _export_deepspeed(summary: dict, output: Path) -> dict:

@@ -5,6 +5,10 @@ place only when every file is on disk, with a COMPLETE marker written last.
 Readers only ever look at directories named `step-NNNNNNNN` that hold the
 marker, so a crash mid-write (or a half-copied directory) is never resumed from.
 
+Every rank writes into the temporary directory (its RNG state; under DeepSpeed its ZeRO shards)
+and every rank resumes from the checkpoint, so ranks on several nodes need the checkpoint
+directory on storage they all mount; `check_shared` verifies that at start.
+
 Layout of one checkpoint:
     step-00001000/
         model/            save_pretrained() weights and config (DeepSpeed: the config only)
@@ -23,17 +27,69 @@ import json
 import os
 import random
 import re
+import secrets
 import shutil
+import socket
+import time
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
-from rosetta_trainer.distributed import World, barrier
+from rosetta_trainer.distributed import World, all_gather_objects, barrier, broadcast_object
 
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 MARKER = "COMPLETE"
+# check_shared's probe: rank 0 writes one (named after a token of this run), every rank looks for it.
+SHARED_PROBE_PREFIX = ".shared-probe-"
+SHARED_PROBE_WAIT_S = 3.0  # a network file system may show a new file to other nodes a moment later
+
+
+class SharedStorageError(RuntimeError):
+    """The checkpoint directory is not one directory for every rank (each node has its own)."""
+
+
+def check_shared(root: Path, world: World) -> None:
+    """Collective: make sure every rank sees the same checkpoint directory when the ranks run on
+    more than one node; raises SharedStorageError, on every rank, naming the directory if not.
+
+    Rank 0 writes a probe file named after a random token it sends to every rank; each rank looks
+    for it; all learn who saw it; rank 0 removes it. On one node there is nothing to check.
+    """
+    if not world.spans_nodes:
+        return
+    token = broadcast_object(world, secrets.token_hex(16) if world.is_main else None)
+    probe = root / f"{SHARED_PROBE_PREFIX}{token}"
+    if world.is_main:
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob(f"{SHARED_PROBE_PREFIX}*"):  # of a run killed while checking
+            stale.unlink(missing_ok=True)
+        probe.write_text(token)
+    barrier(world)
+    deadline = time.monotonic() + SHARED_PROBE_WAIT_S
+    while not (seen := _holds(probe, token)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    views = all_gather_objects(world, (seen, socket.gethostname(), str(root)))
+    if world.is_main:
+        probe.unlink(missing_ok=True)
+    _, main_host, main_root = views[0]
+    blind = [f"{rank} (on {host}{'' if path == main_root else f', looking in {path}'})"
+             for rank, (ok, host, path) in enumerate(views) if not ok]
+    if blind:
+        raise SharedStorageError(
+            f"the checkpoint directory {main_root} is not shared between the nodes: rank 0 (on {main_host}) wrote "
+            f"{probe.name} into it, and rank{'s' * (len(blind) > 1)} {', '.join(blind)} cannot see it there. "
+            "Every rank writes into each checkpoint and resumes from it, so with ranks on more than one node "
+            "the checkpoint directory (spec.checkpoint.dir, default <output>/checkpoints) must be on storage "
+            "every node mounts: a ReadWriteMany volume (EFS, Filestore, NFS)")
+
+
+def _holds(path: Path, token: str) -> bool:
+    try:
+        return path.read_text() == token
+    except OSError:
+        return False
 
 
 def step_dir_name(step: int) -> str:

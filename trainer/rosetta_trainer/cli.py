@@ -109,8 +109,12 @@ def main(argv: list[str] | None = None) -> int:
         return DATA_INVALID_EXIT
     except Exception as exc:
         # Imported here: the loop imports torch, which `rosetta validate` must not pay for.
+        from rosetta_trainer.checkpoint import SharedStorageError
         from rosetta_trainer.loop import NonFiniteError
 
+        if isinstance(exc, SharedStorageError):  # where the job runs, not a bug: no traceback
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         if not isinstance(exc, NonFiniteError):
             raise
         print(f"error: {exc}", file=sys.stderr)

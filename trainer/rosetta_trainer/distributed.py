@@ -19,6 +19,7 @@ class World:
     local_rank: int
     size: int
     device: torch.device
+    local_size: int | None = None  # ranks on this node (torchrun's LOCAL_WORLD_SIZE); None: not told
 
     @property
     def is_main(self) -> bool:
@@ -27,6 +28,11 @@ class World:
     @property
     def distributed(self) -> bool:
         return self.size > 1
+
+    @property
+    def spans_nodes(self) -> bool:
+        """Whether ranks run on more than one node (or may: a launcher that does not say so)."""
+        return self.distributed and self.local_size != self.size
 
 
 def pick_device(preference: str, local_rank: int) -> torch.device:
@@ -43,13 +49,14 @@ def init_world(device_preference: str = "auto", timeout_s: int = 1800) -> World:
     size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_size = int(os.environ["LOCAL_WORLD_SIZE"]) if os.environ.get("LOCAL_WORLD_SIZE") else None
     device = pick_device(device_preference, local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if size > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
-    return World(rank=rank, local_rank=local_rank, size=size, device=device)
+    return World(rank=rank, local_rank=local_rank, size=size, device=device, local_size=local_size)
 
 
 def barrier(world: World) -> None:
