@@ -18,8 +18,9 @@ Without --live no controller runs, so the JobSets stay without status and the tr
 whole stack acts as in tests/cluster: the controller manager (Job controller, garbage collector), the
 scheduler, the JobSet controller with its webhooks and kwok nodes, and the bench also measures
 create→all-pods-Running per training (from a cluster-wide pod watch) and the time until every training
-is Running; the control plane's CPU is then reported per component. The spec is the quickstart's
-(2 nodes, metrics.port 0); --spec-metrics-port 9400 gives every training a progress daemon too.
+is Running; the control plane's CPU is then reported per component (each namespace then gets the
+template's PVCs, bound to hostPath volumes). The spec is the quickstart's (2 nodes, checkpoints on a
+PVC, metrics.port 0); --spec-metrics-port 9400 gives every training a progress daemon too.
 
     .venv/bin/python bench/operator_scale.py                       # 1000 trainings, 1 namespace
     .venv/bin/python bench/operator_scale.py --live --output bench/results/operator_scale_live.json
@@ -101,10 +102,29 @@ def training_body(name: str, namespace: str, template: dict) -> dict:
 
 
 def load_template(path: Path, nodes: int, metrics_port: int) -> dict:
-    doc = yaml.safe_load(path.read_text())
+    from rosetta_trainer.config import read_yaml
+
+    doc = read_yaml(path)  # the TranslationTraining, also from a file that ships its PVC beside it
     doc["spec"]["nodes"] = nodes
     doc["spec"].setdefault("metrics", {})["port"] = metrics_port
     return doc
+
+
+def bind_claims(core, namespace: str, template: dict, size: str = "1Gi") -> None:
+    """The template's PVCs in `namespace`, each bound to a hostPath volume made for it, so that the
+    scheduler places the pods (kwok runs them; nothing is mounted)."""
+    for volume in template["spec"].get("volumes") or []:
+        claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+        if not claim:
+            continue
+        pv = f"{namespace}-{claim}"[:63]
+        core.create_persistent_volume({"metadata": {"name": pv}, "spec": {
+            "capacity": {"storage": size}, "accessModes": ["ReadWriteMany"], "storageClassName": "",
+            "persistentVolumeReclaimPolicy": "Delete", "hostPath": {"path": f"/tmp/rosetta-pv/{pv}"},
+            "claimRef": {"namespace": namespace, "name": claim}}})
+        core.create_namespaced_persistent_volume_claim(namespace, {"metadata": {"name": claim}, "spec": {
+            "accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": pv,
+            "resources": {"requests": {"storage": size}}}})
 
 
 class JobSetWatch(threading.Thread):
@@ -365,6 +385,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             start_kwok(cp, assets).add_nodes(BENCH_POOL, args.kwok_nodes)
         for ns in [warmup_ns, *namespaces]:
             core.create_namespace({"metadata": {"name": ns}})
+            if args.live:  # the checkpoints PVC a training on more than one node needs
+                bind_claims(core, ns, template)
 
         metrics_port = free_port()
         env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}

@@ -238,6 +238,17 @@ def cel_rules() -> list[CelRule]:
         CelRule("volumes", f"self.exists(v, has(v.purpose) && v.purpose == 'checkpoints') || "
                            f"self.all(v, v.mountPath != '{DEFAULT_OUTPUT_MOUNT}')",
                 f"{DEFAULT_OUTPUT_MOUNT} is where the run writes when no volume has purpose 'checkpoints'"),
+        CelRule("", "!has(self.nodes) || self.nodes <= 1 || (has(self.volumes) && self.volumes.exists(v, "
+                    "has(v.purpose) && v.purpose == 'checkpoints' && has(v.persistentVolumeClaim)))",
+                "a training on more than one node needs its checkpoints on storage every pod shares: a volume "
+                "with purpose: checkpoints on a persistentVolumeClaim (ReadWriteMany: EFS, Filestore, NFS), "
+                "not an emptyDir or hostPath"),
+        CelRule("", "!has(self.nodes) || self.nodes <= 1 || !has(self.checkpoint) || !has(self.checkpoint.dir) || "
+                    "!self.checkpoint.dir.startsWith('/') || (has(self.volumes) && self.volumes.exists(v, "
+                    "has(v.persistentVolumeClaim) && (self.checkpoint.dir == v.mountPath || "
+                    "self.checkpoint.dir.startsWith(v.mountPath + '/'))))",
+                "a training on more than one node needs checkpoint.dir on a persistentVolumeClaim volume: "
+                "a relative path, or one under such a volume's mountPath"),
         CelRule("scheduling.tolerations.[]", "!has(self.operator) || self.operator != 'Exists' || !has(self.value)",
                 "operator 'Exists' takes no 'value'"),
     ]

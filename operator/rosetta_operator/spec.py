@@ -308,6 +308,49 @@ class SchedulingSpec(Model):
     )
 
 
+_USE_A_CLAIM = "use a persistentVolumeClaim (ReadWriteMany: EFS, Filestore, NFS)"
+
+
+def _shared_checkpoints_problems(nodes: int, volumes: list[VolumeSpec], checkpoint) -> list[str]:
+    """Why the checkpoints of a training on `nodes` pods would not be on storage every pod shares.
+
+    Every rank writes into the checkpoint rank 0 finalises (its RNG state; its ZeRO shards under
+    DeepSpeed), and every rank resumes from it, so with more than one node the checkpoints must be
+    on one volume that all pods mount: a persistentVolumeClaim. An emptyDir is each pod's own, a
+    hostPath each node's own. Mirroring to S3 does not help: rank 0 uploads only what it sees.
+    The trainer checks it again at start (checkpoint.check_shared), for runs launched by hand.
+    """
+    if nodes <= 1:
+        return []
+    needs = f"a training on {nodes} nodes needs its checkpoints on storage every pod shares"
+    volume = next((v for v in volumes if v.purpose == "checkpoints"), None)
+    problems = []
+    if volume is None:
+        problems.append(
+            f"{needs}, and no volume has purpose: checkpoints, so the run would write to an emptyDir at "
+            f"{DEFAULT_OUTPUT_MOUNT} that each pod gets its own of; add a volume with purpose: checkpoints on a "
+            f"persistentVolumeClaim (ReadWriteMany: EFS, Filestore, NFS), e.g. {{name: checkpoints, mountPath: "
+            f"{DEFAULT_OUTPUT_MOUNT}, purpose: checkpoints, persistentVolumeClaim: {{claimName: NAME}}}}")
+    elif volume.empty_dir is not None:
+        problems.append(f"{needs}: volume '{volume.name}' (purpose: checkpoints) is an emptyDir, which each pod "
+                        f"gets its own of; {_USE_A_CLAIM}")
+    elif volume.host_path is not None:
+        problems.append(f"{needs}: volume '{volume.name}' (purpose: checkpoints) is a hostPath, a directory of "
+                        f"whichever node each pod runs on; {_USE_A_CLAIM}")
+    directory = getattr(checkpoint, "dir", None)
+    if directory and directory.startswith("/") and not any(
+            v.persistent_volume_claim is not None and _under(directory, v.mount_path) for v in volumes):
+        # Relative paths are under the output, on the checkpoints volume checked above.
+        problems.append(f"checkpoint.dir: {needs}: {directory} is not on a persistentVolumeClaim volume; use a "
+                        "relative path (under the checkpoints volume) or one under such a volume's mountPath")
+    return problems
+
+
+def _under(path: str, mount: str) -> bool:
+    path = path.rstrip("/") or "/"
+    return path == mount or path.startswith(mount + "/")
+
+
 class FailurePolicySpec(Model):
     max_restarts: int = Field(
         3, ge=0, le=1000,
@@ -388,9 +431,10 @@ class TranslationTrainingSpec(TrainerSpec):
         description="Extra environment for the trainer; names the launcher or profile sets are refused.",
     )
     volumes: list[VolumeSpec] = Field(
-        default_factory=list, max_length=32,
+        default_factory=list, max_length=32, validate_default=True,  # nodes > 1 needs one: check the default too
         description="Volumes for data, model, cache and checkpoints. Without a checkpoints volume the run "
-                    "writes to an emptyDir and a restart starts over.",
+                    "writes to an emptyDir and a restart starts over. With nodes > 1 the checkpoints volume "
+                    "must be a persistentVolumeClaim every pod mounts (ReadWriteMany).",
     )
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="Where the pods may run.")
     suspend: bool = Field(
@@ -494,6 +538,7 @@ class TranslationTrainingSpec(TrainerSpec):
             names.add(vol.name)
             paths.add(mount)
             purposes.setdefault(vol.purpose, i)
+        problems += _shared_checkpoints_problems(info.data.get("nodes", 1), value, info.data.get("checkpoint"))
         if problems:
             raise ValueError("\n".join(problems))
         return value
@@ -559,19 +604,26 @@ def plain(value: Any) -> Any:
 
 
 def _errors(exc: ValidationError, prefix: str = "") -> list[tuple[str, str]]:
-    """format_errors, with list validators' "items[i].field: message" lines moved into the path."""
+    """format_errors, with list validators' "items[i].field: message" lines moved into the path, and
+    the lines a field's validator reports about another field (_SIBLINGS) moved to that field."""
     out = []
     for path, message in format_errors(exc, prefix):
+        parent, _, name = path.rpartition(".")
         for line in message.split("\n"):
             m = _ITEM_MESSAGE.match(line)
+            sibling = next((s for s in _SIBLINGS.get(name, ()) if line.startswith(s + ": ")), None)
             if m and path.endswith("." + m["field"]):
                 out.append((path + m["item"], m["message"]))
+            elif sibling and parent:
+                out.append((f"{parent}.{sibling}", line[len(sibling) + 2:]))
             else:
                 out.append((path, line))
     return out
 
 
 _ITEM_MESSAGE = re.compile(r"^(?P<field>\w+)(?P<item>\[\d+\](\.\w+)*): (?P<message>.*)$")
+# spec field -> the other fields its validator may report on (the volumes rule reads checkpoint.dir).
+_SIBLINGS = {"volumes": ("checkpoint.dir",)}
 
 
 def parse_training(raw: Any, source: str | None = None, allow_host_path: bool = False) -> TranslationTraining:

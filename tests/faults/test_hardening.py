@@ -40,6 +40,8 @@ SPEC_SCHEMA = spec_schema()
 ROOT_SCHEMA = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 SECRET_REF = {"secretKeyRef": {"name": "wandb", "key": "api-key"}}
 HOST_PATH = [{"name": "nvme", "mountPath": "/scratch", "hostPath": {"path": "/mnt/nvme", "type": "Directory"}}]
+# The checkpoints volume every pod of a training on more than one node shares.
+SHARED = [{"name": "runs", "mountPath": "/runs", "purpose": "checkpoints", "persistentVolumeClaim": {"claimName": "efs"}}]
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
@@ -97,9 +99,9 @@ def assert_hardened(pod: dict, uid: int = TRAINER_UID) -> None:
 SPECS = {
     "default": {},
     "irsa service account": {"serviceAccountName": "s3-reader"},
-    "cpu, several processes": {"nodes": 2, "procsPerNode": 2},
+    "cpu, several processes": {"nodes": 2, "procsPerNode": 2, "volumes": SHARED},
     "deepspeed": {"gpusPerNode": 2, "launcher": "deepspeed", "training": {"maxSteps": 10, "device": "cuda"}},
-    **{f"profile {name}": {"nodes": 2, "gpusPerNode": 8, "network": {"profile": name}}
+    **{f"profile {name}": {"nodes": 2, "gpusPerNode": 8, "network": {"profile": name}, "volumes": SHARED}
        for name, profile in PROFILES.items() if profile.needs_gpus},
 }
 
@@ -239,13 +241,13 @@ def max_name_length(nodes: int) -> int:
 @pytest.mark.parametrize("nodes", [1, 9, 10, 11, 100, 101, 1000, 4096])
 def test_the_longest_accepted_name_fits_every_pod_name(nodes):
     longest = min(MAX_NAME_LENGTH, max_name_length(nodes))
-    rendered = build("a" * longest, nodes=nodes)
+    rendered = build("a" * longest, nodes=nodes, volumes=SHARED)
     pod_name = rendered.names.pod_hostname(nodes - 1) + "-abcde"
     assert len(pod_name) <= 63 and DNS1035.match(pod_name)
     assert DNS1035.match(rendered.names.jobset) and len(rendered.names.configmap) <= 253
     with pytest.raises(ConfigError) as info:
-        parse_training(document("a" * (longest + 1), nodes=nodes)) if longest == MAX_NAME_LENGTH else \
-            build("a" * (longest + 1), nodes=nodes)
+        parse_training(document("a" * (longest + 1), nodes=nodes, volumes=SHARED)) if longest == MAX_NAME_LENGTH \
+            else build("a" * (longest + 1), nodes=nodes, volumes=SHARED)
     ((field, message),) = info.value.errors
     assert field == "metadata.name" and f"at most {longest}" in message
 
@@ -318,7 +320,7 @@ def test_the_operator_refuses_unsafe_trainings_and_hardens_the_rest(cluster: Clu
 
     # hostPath passes the schema (an installation may allow it); this operator refuses it, in status,
     # and creates nothing.
-    create(quickstart("hostpath", volumes=HOST_PATH))
+    create(quickstart("hostpath", nodes=1, volumes=HOST_PATH))  # one node: no shared checkpoints needed
     create(quickstart("fine", env=[{"name": "WANDB_API_KEY", "valueFrom": SECRET_REF}]))
     st = wait_for(lambda: status("hostpath").get("phase") == Phase.FAILED and status("hostpath"), "hostpath to fail")
     valid = next(c for c in st["conditions"] if c["type"] == ConditionType.VALID)

@@ -259,8 +259,8 @@ def test_invalid_spec_fails_with_condition_and_event(cluster, namespace, operato
     assert refused.value.status == 422 and "spec.env" in refused.value.body
     # ... and what passes the schema but not the operator's own validation (hostPath needs
     # --allow-host-path, a choice of the operator's installation) is refused by the operator.
-    create(cluster, namespace, training("hostpath", volumes=[{"name": "scratch", "mountPath": "/scratch",
-                                                               "hostPath": {"path": "/var/tmp"}}]))
+    create(cluster, namespace, training("hostpath", nodes=1, volumes=[{"name": "scratch", "mountPath": "/scratch",
+                                                                        "hostPath": {"path": "/var/tmp"}}]))
     name, field = "hostpath", "spec.volumes[0].hostPath"
     st = wait_phase(cluster, namespace, name, Phase.FAILED)
     valid = cond(st, ConditionType.VALID)

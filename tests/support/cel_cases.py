@@ -15,6 +15,8 @@ BASE = {
     "training": {"maxSteps": 10},
 }
 PVC = {"persistentVolumeClaim": {"claimName": "efs"}}
+# What a training on more than one node needs: its checkpoints on a volume every pod shares.
+SHARED_CHECKPOINTS = [{"name": "runs", "mountPath": "/runs", "purpose": "checkpoints", **PVC}]
 
 
 def _raw(**patch) -> dict:
@@ -34,7 +36,8 @@ CASES = [
     ("pretrained without data", _pretrained(), True),
     ("tokenizer path", _raw(tokenizer={"path": "/tok"}, data={"sourceLang": "en", "targetLangs": ["de"]}), True),
     ("gpus with profile", _raw(gpusPerNode=8, network={"profile": "eks-p5"}, training={"maxSteps": 5, "device": "cuda"}), True),
-    ("cpu procs", _raw(nodes=2, procsPerNode=4, training={"maxSteps": 5, "device": "cpu"}), True),
+    ("cpu procs", _raw(nodes=2, procsPerNode=4, training={"maxSteps": 5, "device": "cpu"},
+                       volumes=SHARED_CHECKPOINTS), True),
     ("deepspeed", _raw(gpusPerNode=2, launcher="deepspeed"), True),
     ("user env", _raw(env=[{"name": "NCCL_DEBUG", "value": "INFO"},
                            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "t"}}}]), True),
@@ -96,8 +99,29 @@ CASES = [
     ("reserved volume name", _raw(volumes=[{"name": "config", "mountPath": "/a", **PVC}]), False),
     ("default output path taken", _raw(volumes=[{"name": "a", "mountPath": "/checkpoints", **PVC}]), False),
     ("exclusive hostname on one node", _raw(scheduling={"exclusiveTopology": "kubernetes.io/hostname"}), True),
-    ("exclusive node pool", _raw(nodes=4, scheduling={"exclusiveTopology": "cloud.google.com/gke-nodepool"}), True),
-    ("exclusive hostname on many nodes", _raw(nodes=2, scheduling={"exclusiveTopology": "kubernetes.io/hostname"}), False),
+    ("exclusive node pool", _raw(nodes=4, scheduling={"exclusiveTopology": "cloud.google.com/gke-nodepool"},
+                                 volumes=SHARED_CHECKPOINTS), True),
+    ("exclusive hostname on many nodes", _raw(nodes=2, scheduling={"exclusiveTopology": "kubernetes.io/hostname"},
+                                              volumes=SHARED_CHECKPOINTS), False),
+    ("one node without a checkpoints volume", _raw(nodes=1), True),
+    ("one node with emptyDir checkpoints", _raw(volumes=[{"name": "c", "mountPath": "/c", "purpose": "checkpoints",
+                                                          "emptyDir": {}}]), True),
+    ("nodes with shared checkpoints and dir", _raw(nodes=2, volumes=SHARED_CHECKPOINTS,
+                                                   checkpoint={"dir": "/runs/mt/ckpt"}), True),
+    ("nodes with a relative checkpoint dir", _raw(nodes=2, volumes=SHARED_CHECKPOINTS, checkpoint={"dir": "ckpt"}),
+     True),
+    ("nodes without a checkpoints volume", _raw(nodes=2), False),
+    ("nodes with emptyDir checkpoints", _raw(nodes=2, volumes=[{"name": "scratch", "mountPath": "/scratch",
+                                                                "purpose": "checkpoints", "emptyDir": {}}]), False),
+    ("nodes with hostPath checkpoints", _raw(nodes=3, volumes=[{"name": "nvme", "mountPath": "/nvme",
+                                                                "purpose": "checkpoints",
+                                                                "hostPath": {"path": "/mnt/nvme"}}]), False),
+    ("nodes with checkpoints on a PVC that is not for checkpoints", _raw(nodes=2, volumes=[
+        {"name": "c", "mountPath": "/c", "purpose": "checkpoints", "emptyDir": {}},
+        {"name": "d", "mountPath": "/d", **PVC}]), False),
+    ("nodes with a checkpoint dir off the shared volume", _raw(nodes=2, volumes=[
+        *SHARED_CHECKPOINTS, {"name": "s", "mountPath": "/scratch", "emptyDir": {}}],
+        checkpoint={"dir": "/scratch/ckpt"}), False),
     ("toleration Exists with value", _raw(scheduling={"tolerations": [{"key": "a", "operator": "Exists", "value": "b"}]}), False),
     ("summarization without targetLangs", _raw(task="summarization", data={
         "sourceLang": "en", "train": [{"format": "generated", "size": 100}]}), True),

@@ -17,7 +17,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from support.training import TINY, deep_update, logged_losses, read_jsonl, torchrun_training
+from support.training import SHARED_CHECKPOINTS, TINY, deep_update, logged_losses, read_jsonl, torchrun_training
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
@@ -162,6 +162,7 @@ def test_the_operators_deepspeed_launcher_command_runs_on_two_nodes(runs):
     from rosetta_operator.spec import parse_training
 
     doc = deep_update(BASE, {"spec": {**ZERO2, "launcher": "deepspeed", "gpusPerNode": 1, "nodes": 2,
+                                      "volumes": SHARED_CHECKPOINTS,  # one output dir here, as a shared volume
                                       "training": {"maxSteps": 4}, "checkpoint": {"interval": 4},
                                       "evaluation": {"interval": 4}}})
     argv = command(parse_training(doc).spec)

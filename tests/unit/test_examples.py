@@ -1,6 +1,7 @@
 """Every shipped TranslationTraining validates, renders, and passes both CRDs' schemas.
 
-manifests/examples/ holds exactly one file per target scenario (SCENARIOS), plus the CPU quickstart.
+manifests/examples/ holds exactly one file per target scenario (SCENARIOS), plus the CPU quickstart,
+which also ships the PersistentVolumeClaim its checkpoints go to (a second YAML document).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from rosetta_operator.profiles import EFA_RESOURCE
 from rosetta_operator.render import render
 from rosetta_operator.spec import TranslationTrainingSpec, load_training
 from rosetta_trainer.cli import main
+from rosetta_trainer.config import read_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES_DIR = ROOT / "manifests" / "examples"
@@ -29,11 +31,11 @@ def _pretrained(spec: TranslationTrainingSpec) -> str | None:
 
 
 # file -> (what it must be, the storage its data and checkpoint PVCs are named after: a substring of
-# both claim names, "" for any PVC, None for no data or checkpoint volume at all)
+# both claim names, "" for any PVC; a generated corpus has no data volume)
 SCENARIOS = {
     "quickstart-cpu.yaml": (
         lambda s: s.nodes == 2 and s.gpus_per_node == 0 and s.training.device == "cpu",
-        None,
+        "quickstart-cpu",
     ),
     # (1) t5-small fine-tune on 1 GPU
     "t5-small-finetune-1gpu.yaml": (
@@ -107,8 +109,10 @@ def test_scenario_reads_and_writes_mounted_volumes(path):
     spec = load_training(path).spec
     _, storage = SCENARIOS[path.name]
     data, checkpoints = spec.volume_for("data"), spec.volume_for("checkpoints")
-    if storage is None:  # the quickstart: generated corpus, scratch output
-        assert data is None and checkpoints is None
+    sources = [src for split in (spec.data.train, spec.data.validation, spec.data.test) for src in split]
+    if all(src.format == "generated" for src in sources):  # the quickstart: nothing to read, checkpoints on a PVC
+        assert data is None and checkpoints.persistent_volume_claim is not None
+        assert storage in checkpoints.persistent_volume_claim.claim_name
         return
     for vol in (data, checkpoints):
         assert vol is not None and vol.persistent_volume_claim is not None, path.name
@@ -150,6 +154,40 @@ def test_example_validates_and_renders(path, capsys):
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.relative_to(ROOT).as_posix() for p in EXAMPLES])
 def test_example_passes_the_translation_training_crd(path):
     # What `kubectl apply` would check: the schema, then CEL on the defaulted object.
-    raw = yaml.safe_load(path.read_text())
+    raw = read_yaml(path)
     assert schema_errors(SCHEMA, raw, skip=("metadata",)) == []
     assert cel_failures(SCHEMA, with_defaults(SCHEMA, raw)) == []
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.relative_to(ROOT).as_posix() for p in EXAMPLES])
+def test_every_other_document_of_an_example_is_a_claim_its_training_mounts(path):
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    assert [d["kind"] for d in docs][-1] == "TranslationTraining"  # claims first: `kubectl apply` in order
+    claimed = {v.persistent_volume_claim.claim_name for v in load_training(path).spec.volumes
+               if v.persistent_volume_claim}
+    for doc in docs[:-1]:
+        assert doc["kind"] == "PersistentVolumeClaim" and doc["metadata"]["name"] in claimed, path.name
+        assert doc["metadata"].get("namespace") == docs[-1]["metadata"].get("namespace")
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.relative_to(ROOT).as_posix() for p in EXAMPLES])
+def test_multi_node_examples_keep_their_checkpoints_on_a_claim(path):
+    spec = load_training(path).spec
+    if spec.nodes > 1:
+        checkpoints = spec.volume_for("checkpoints")
+        assert checkpoints is not None and checkpoints.persistent_volume_claim is not None, path.name
+
+
+def test_the_cpu_quickstart_ships_a_read_write_many_claim_for_its_checkpoints():
+    path = EXAMPLES_DIR / "quickstart-cpu.yaml"
+    claim, training = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    assert claim["kind"] == "PersistentVolumeClaim" and training["kind"] == "TranslationTraining"
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "1Gi"
+    assert "storageClassName" not in claim["spec"]  # the comment says which class to set
+    text = path.read_text()
+    assert "storageClassName" in text and "EFS" in text and "Filestore" in text
+    spec = load_training(path).spec
+    assert spec.volume_for("checkpoints").persistent_volume_claim.claim_name == claim["metadata"]["name"]
+    # two pods of it run on the real-node test's one 2-core node
+    assert (spec.resources.cpu, spec.resources.memory, spec.resources.shm_size) == ("1", "3Gi", "1Gi")

@@ -17,10 +17,10 @@ from rosetta_operator import handlers
 from rosetta_operator import status as st
 from rosetta_operator.render import APPLIED_SUSPEND, render
 from rosetta_operator.spec import parse_spec
-from support.cel_cases import BASE
+from support.cel_cases import BASE, SHARED_CHECKPOINTS
 
 NS, NAME, UID, JOBSET_UID = "team", "mt", "uid-mt", "uid-js"
-SPEC = {**copy.deepcopy(BASE), "nodes": 2}  # the smallest valid spec, on two nodes
+SPEC = {**copy.deepcopy(BASE), "nodes": 2, "volumes": SHARED_CHECKPOINTS}  # the smallest valid spec on two nodes
 QUOTA = ("couldn't assign flavors to pod set node: insufficient unused quota for nvidia.com/gpu in flavor "
          "default, 8 more needed")
 NO_GPU = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."

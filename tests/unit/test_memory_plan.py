@@ -337,7 +337,8 @@ def test_validate_is_quiet_when_it_fits_and_notes_a_skipped_plan(tmp_path, capsy
 
 def test_validate_of_cpu_training_does_not_import_torch(tmp_path):
     path = tmp_path / "cpu.yaml"
-    doc = document(nodes=2, gpusPerNode=0)
+    doc = document(nodes=2, gpusPerNode=0, volumes=[{"name": "runs", "mountPath": "/runs", "purpose": "checkpoints",
+                                                     "persistentVolumeClaim": {"claimName": "runs"}}])
     doc["spec"]["training"]["device"] = "cpu"
     path.write_text(yaml.safe_dump(doc))
     code = ("import sys; from rosetta_trainer.cli import main; rc = main(['validate', '-f', sys.argv[1]]); "

@@ -23,6 +23,8 @@ GOOD = {
         "data": {"sourceLang": "en", "targetLangs": ["de"], "train": [{"format": "generated", "size": 100}]},
         "training": {"maxSteps": 10},
         "nodes": 2, "gpusPerNode": 8, "network": {"profile": "eks-p5"},
+        "volumes": [{"name": "runs", "mountPath": "/runs", "purpose": "checkpoints",
+                     "persistentVolumeClaim": {"claimName": "efs-runs"}}],
     },
 }
 
@@ -64,10 +66,68 @@ def test_validate_lists_every_error_by_field_path_and_exits_2(tmp_path, capsys):
 
 def test_validate_accepts_host_path_when_allowed(tmp_path, capsys):
     doc = copy.deepcopy(GOOD)
-    doc["spec"]["volumes"] = [{"name": "n", "mountPath": "/n", "hostPath": {"path": "/mnt"}}]
+    doc["spec"]["volumes"].append({"name": "n", "mountPath": "/n", "hostPath": {"path": "/mnt"}})
     path = write(tmp_path, doc)
     assert main(["validate", "-f", path]) == 2
     assert main(["validate", "-f", path, "--allow-host-path"]) == 0
+
+
+SHARED = "a training on 2 nodes needs its checkpoints on storage every pod shares"
+RWX = "(ReadWriteMany: EFS, Filestore, NFS)"
+
+
+@pytest.mark.parametrize("volumes, overrides, expected", [
+    ([{"name": "scratch", "mountPath": "/scratch", "purpose": "checkpoints", "emptyDir": {}}], [],
+     f"spec.volumes: {SHARED}: volume 'scratch' (purpose: checkpoints) is an emptyDir, which each pod gets its "
+     f"own of; use a persistentVolumeClaim {RWX}"),
+    ([{"name": "nvme", "mountPath": "/nvme", "purpose": "checkpoints", "hostPath": {"path": "/mnt/nvme"}}],
+     ["--allow-host-path"],
+     f"spec.volumes: {SHARED}: volume 'nvme' (purpose: checkpoints) is a hostPath, a directory of whichever node "
+     f"each pod runs on; use a persistentVolumeClaim {RWX}"),
+    ([], [],
+     f"spec.volumes: {SHARED}, and no volume has purpose: checkpoints, so the run would write to an emptyDir at "
+     f"/checkpoints that each pod gets its own of; add a volume with purpose: checkpoints on a persistentVolumeClaim "
+     f"{RWX}, e.g. {{name: checkpoints, mountPath: /checkpoints, purpose: checkpoints, persistentVolumeClaim: "
+     f"{{claimName: NAME}}}}"),
+    (GOOD["spec"]["volumes"] + [{"name": "scratch", "mountPath": "/scratch", "emptyDir": {}}],
+     ["--set", "spec.checkpoint.dir=/scratch/ckpt"],
+     f"spec.checkpoint.dir: {SHARED}: /scratch/ckpt is not on a persistentVolumeClaim volume; use a relative path "
+     f"(under the checkpoints volume) or one under such a volume's mountPath"),
+])
+def test_validate_refuses_checkpoints_that_the_pods_of_a_multi_node_training_cannot_share(
+        tmp_path, capsys, volumes, overrides, expected):
+    doc = copy.deepcopy(GOOD)
+    doc["spec"]["volumes"] = volumes
+    path = write(tmp_path, doc)
+    assert main(["validate", "-f", path, *overrides]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: invalid TranslationTraining in {path} (1 error):\n  {expected}\n"
+    # one node may keep its checkpoints where it likes
+    assert main(["validate", "-f", path, *overrides, "--set", "spec.nodes=1"]) == 0
+
+
+def test_the_installed_command_refuses_unshared_checkpoints_without_a_traceback(tmp_path):
+    rosetta = Path(sys.executable).with_name("rosetta")
+    if not rosetta.exists():
+        pytest.skip("the rosetta console script is not installed")
+    doc = copy.deepcopy(GOOD)
+    doc["spec"]["volumes"] = [{"name": "scratch", "mountPath": "/scratch", "purpose": "checkpoints", "emptyDir": {}}]
+    got = subprocess.run([str(rosetta), "validate", "-f", write(tmp_path, doc)], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=60)
+    assert got.returncode == 2 and got.stdout == ""
+    assert "spec.volumes: a training on 2 nodes needs its checkpoints on storage every pod shares: volume 'scratch'" \
+        in got.stderr
+    assert "Traceback" not in got.stderr
+
+
+def test_validate_and_render_take_the_training_out_of_a_file_that_also_holds_its_claim(tmp_path, capsys):
+    claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "efs-runs"},
+             "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}}
+    path = write(tmp_path, yaml.safe_dump_all([claim, GOOD]))
+    assert main(["validate", "-f", path]) == 0
+    assert capsys.readouterr().out.startswith("ok: mt: 2 nodes")
+    assert main(["render", "-f", path]) == 0
+    assert [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)] == ["ConfigMap", "JobSet"]
 
 
 def test_validate_overrides_and_render_only_errors(tmp_path, capsys):

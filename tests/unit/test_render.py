@@ -25,6 +25,8 @@ TRAINER = {
     "metrics": {"port": 9400},
 }
 PVC = {"persistentVolumeClaim": {"claimName": "efs"}}
+# The checkpoints volume every pod of a training on more than one node shares.
+SHARED = [{"name": "runs", "mountPath": "/runs", "purpose": "checkpoints", **PVC}]
 
 
 def build(name: str = "mt", namespace: str = "team", owner: dict | None = None, allow_host_path: bool = False,
@@ -59,7 +61,7 @@ def volumes_of(rendered) -> dict:
 
 
 def test_configmap_holds_the_trainer_config():
-    rendered = build(nodes=2)
+    rendered = build(nodes=2, volumes=SHARED)
     cm = rendered.configmap
     assert (cm["apiVersion"], cm["kind"]) == ("v1", "ConfigMap")
     assert cm["metadata"]["name"] == "mt-config" and cm["metadata"]["namespace"] == "team"
@@ -98,7 +100,7 @@ def test_training_yaml_parses_back_into_the_same_trainer_spec(trainer_patch):
 
 
 def test_one_replicated_job_of_indexed_pods():
-    rendered = build(nodes=4)
+    rendered = build(nodes=4, volumes=SHARED)
     js = rendered.jobset
     assert (js["apiVersion"], js["kind"]) == ("jobset.x-k8s.io/v1alpha2", "JobSet")
     assert js["metadata"]["name"] == "mt" and js["metadata"]["namespace"] == "team"
@@ -116,7 +118,7 @@ def test_one_replicated_job_of_indexed_pods():
 
 
 def test_torchrun_environment():
-    rendered = build(name="wmt", nodes=3, gpusPerNode=8, network={"masterPort": 29600})
+    rendered = build(name="wmt", nodes=3, gpusPerNode=8, network={"masterPort": 29600}, volumes=SHARED)
     env = env_of(rendered)
     assert env["ROSETTA_NNODES"] == "3"
     assert env["ROSETTA_NPROC_PER_NODE"] == "8"
@@ -149,14 +151,14 @@ def test_every_command_variable_is_defined_before_use(cluster):
 def test_deepspeed_launcher_is_torchrun_on_every_node():
     """DeepSpeed's own runner needs a hostfile for more than one node and does not pass SIGTERM on
     as PID 1; DeepSpeed starts from torchrun's environment instead."""
-    command = container(build(nodes=2, gpusPerNode=4, launcher="deepspeed"))["command"]
-    assert command == container(build(nodes=2, gpusPerNode=4))["command"]
+    command = container(build(nodes=2, gpusPerNode=4, launcher="deepspeed", volumes=SHARED))["command"]
+    assert command == container(build(nodes=2, gpusPerNode=4, volumes=SHARED))["command"]
     assert command[0] == "torchrun" and "--nnodes=$(ROSETTA_NNODES)" in command
     assert "--node-rank=$(ROSETTA_NODE_RANK)" in command
 
 
 def test_cpu_training_runs_procs_per_node_and_asks_for_no_gpu():
-    rendered = build(nodes=2, procsPerNode=3, resources={"cpu": 4, "memory": "8Gi"})
+    rendered = build(nodes=2, procsPerNode=3, resources={"cpu": 4, "memory": "8Gi"}, volumes=SHARED)
     assert env_of(rendered)["ROSETTA_NPROC_PER_NODE"] == "3"
     assert container(rendered)["resources"] == {"requests": {"cpu": "4", "memory": "8Gi"},
                                                 "limits": {"memory": "8Gi"}}
@@ -396,7 +398,8 @@ def test_owner_reference_from_the_training_object():
 
 
 def test_rendering_is_pure():
-    spec = parse_spec({**copy.deepcopy(TRAINER), "nodes": 2, "env": [{"name": "A", "value": "1"}]})
+    spec = parse_spec({**copy.deepcopy(TRAINER), "nodes": 2, "env": [{"name": "A", "value": "1"}],
+                       "volumes": SHARED})
     before = spec.model_dump()
     first, second = render("mt", "team", spec), render("mt", "team", spec)
     assert first == second and first.objects() == [first.configmap, first.jobset]
@@ -417,7 +420,7 @@ def test_names_must_fit_kubernetes_limits():
 
 
 VARIANTS = {
-    "cpu": {"nodes": 2, "procsPerNode": 2, "resources": {"cpu": 2, "memory": "4Gi"}},
+    "cpu": {"nodes": 2, "procsPerNode": 2, "resources": {"cpu": 2, "memory": "4Gi"}, "volumes": SHARED},
     "everything": {
         "nodes": 2, "gpusPerNode": 8, "network": {"profile": "eks-p5"}, "suspend": True,
         "failurePolicy": {"maxRestarts": 2}, "ttlSecondsAfterFinished": 60, "serviceAccountName": "sa",
@@ -437,7 +440,7 @@ VARIANTS = {
                            "nodeSelectorTerms": [{"matchExpressions": [
                                {"key": "gpu", "operator": "In", "values": ["h100"]}]}]}}}},
     },
-    "deepspeed": {"nodes": 3, "gpusPerNode": 4, "launcher": "deepspeed", "metrics": {"port": 0}},
+    "deepspeed": {"nodes": 3, "gpusPerNode": 4, "launcher": "deepspeed", "metrics": {"port": 0}, "volumes": SHARED},
 }
 
 

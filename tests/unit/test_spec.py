@@ -39,6 +39,8 @@ def errors_of(allow_host_path: bool = False, **cluster) -> dict[str, str]:
 
 
 GPU = {"gpusPerNode": 8}
+# The checkpoints volume every pod of a training on more than one node shares.
+SHARED = [{"name": "runs", "mountPath": "/runs", "purpose": "checkpoints", "persistentVolumeClaim": {"claimName": "efs"}}]
 
 
 def test_cluster_fields_are_exactly_the_keys_the_trainer_ignores():
@@ -70,7 +72,7 @@ def test_defaults():
     ({"nodes": 1, "gpusPerNode": 1}, 1, 1),
 ])
 def test_processes_per_node_and_world_size(cluster, procs, world):
-    spec = parse_training(document(**cluster)).spec
+    spec = parse_training(document(**cluster, volumes=SHARED)).spec
     assert (spec.procs, spec.world_size) == (procs, world)
 
 
@@ -232,7 +234,7 @@ def _spec_errors(raw) -> list[tuple[str, str]]:
 def test_parse_spec_prefixes_paths_with_spec_and_takes_read_only_mappings():
     assert dict(_spec_errors(raw_spec(nodes=0))).keys() == {"spec.nodes"}
     # kopf hands handlers read-only Mapping views, not dicts
-    frozen = MappingProxyType({**raw_spec(nodes=2), "data": MappingProxyType(TRAINER["data"])})
+    frozen = MappingProxyType({**raw_spec(nodes=2, volumes=SHARED), "data": MappingProxyType(TRAINER["data"])})
     assert parse_spec(frozen).nodes == 2
 
 
@@ -249,7 +251,7 @@ def test_document_level_errors():
 
 
 def test_status_and_server_fields_are_ignored():
-    raw = document(nodes=2)
+    raw = document(nodes=2, volumes=SHARED)
     raw["status"] = {"phase": "Running"}
     raw["metadata"].update(uid="1234", resourceVersion="7", generation=3)
     assert parse_training(raw).spec.nodes == 2
@@ -261,3 +263,59 @@ def test_trainer_example_validates_as_a_translation_training():
     assert training.spec.nodes == 2 and training.spec.procs == 1 and training.spec.gpus_per_node == 0
     with_overrides = load_training(ROOT / "examples" / "quickstart.yaml", ["spec.nodes=4", "spec.procsPerNode=2"])
     assert with_overrides.spec.world_size == 8
+
+
+# ------------------------------------------------------- checkpoints of a multi-node training
+
+CLAIM = {"persistentVolumeClaim": {"claimName": "efs-runs"}}
+NEEDS = "a training on 3 nodes needs its checkpoints on storage every pod shares"
+
+
+@pytest.mark.parametrize("source, what", [
+    ({"emptyDir": {}}, "is an emptyDir, which each pod gets its own of"),
+    ({"hostPath": {"path": "/mnt/nvme"}}, "is a hostPath, a directory of whichever node each pod runs on"),
+])
+def test_a_multi_node_training_refuses_checkpoints_each_pod_or_node_keeps_for_itself(source, what):
+    volumes = [{"name": "data", "mountPath": "/data", "purpose": "data", **CLAIM},
+               {"name": "scratch", "mountPath": "/scratch", "purpose": "checkpoints", **source}]
+    errors = errors_of(allow_host_path=True, nodes=3, volumes=volumes)
+    assert errors == {"spec.volumes": f"{NEEDS}: volume 'scratch' (purpose: checkpoints) {what}; "
+                                      "use a persistentVolumeClaim (ReadWriteMany: EFS, Filestore, NFS)"}
+    # S3 mirroring does not make up for it: rank 0 uploads only what its own node sees
+    s3 = {"checkpoint": {"s3": {"uri": "s3://bucket/runs"}}}
+    assert errors_of(allow_host_path=True, nodes=3, volumes=volumes, **s3).keys() == {"spec.volumes"}
+    # one node, or the checkpoints on the claim, are fine
+    assert parse_training(document(nodes=1, volumes=volumes), allow_host_path=True)
+    volumes[1].pop(next(iter(source)))
+    volumes[1].update(CLAIM)
+    assert parse_training(document(nodes=3, volumes=volumes)).spec.volume_for("checkpoints").name == "scratch"
+
+
+def test_a_multi_node_training_without_a_checkpoints_volume_says_how_to_add_one():
+    errors = errors_of(nodes=3, volumes=[{"name": "cache", "mountPath": "/cache", "purpose": "cache", **CLAIM}])
+    assert list(errors) == ["spec.volumes"]
+    assert errors["spec.volumes"].startswith(f"{NEEDS}, and no volume has purpose: checkpoints, so the run would "
+                                             "write to an emptyDir at /checkpoints that each pod gets its own of; ")
+    assert "persistentVolumeClaim: {claimName: NAME}" in errors["spec.volumes"]
+    # the rule is checked with no volumes written at all, and reported with the other errors
+    assert errors_of(nodes=3, image="").keys() == {"spec.image", "spec.volumes"}
+    assert dict(_spec_errors(raw_spec(nodes=3))).keys() == {"spec.volumes"}
+
+
+@pytest.mark.parametrize("directory, valid", [
+    ("ckpt", True), ("/runs/mt/ckpt", True), ("/runs", True), ("/runs/", True),
+    ("/scratch/ckpt", False), ("/runsx/ckpt", False), ("/elsewhere", False),
+])
+def test_a_multi_node_training_keeps_an_absolute_checkpoint_dir_on_a_claim(directory, valid):
+    volumes = [{"name": "runs", "mountPath": "/runs", "purpose": "checkpoints", **CLAIM},
+               {"name": "scratch", "mountPath": "/scratch", "emptyDir": {}}]
+    raw = document(nodes=2, volumes=volumes, checkpoint={"dir": directory})
+    if valid:
+        assert parse_training(raw).spec.checkpoint.dir == directory
+        return
+    errors = errors_of(nodes=2, volumes=volumes, checkpoint={"dir": directory})
+    assert errors == {"spec.checkpoint.dir": (
+        f"a training on 2 nodes needs its checkpoints on storage every pod shares: {directory} is not on a "
+        "persistentVolumeClaim volume; use a relative path (under the checkpoints volume) or one under such a "
+        "volume's mountPath")}
+    assert parse_training(document(nodes=1, volumes=volumes, checkpoint={"dir": directory}))
