@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from support.cluster import wait_for
-from workloads import in_namespace, jobset, kueue_queue, provision, running_pods, status
+from workloads import in_namespace, jobset, kueue_queue, provision, running_pods, status, training_doc
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "manifests" / "examples").glob("*.yaml"))
@@ -51,7 +51,7 @@ def expected_nodes(cluster, pod_spec) -> set[str]:
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_example_runs_on_nodes_of_its_profile(live_cluster, live_namespace, live_operator, path: Path):
-    doc = yaml.safe_load(path.read_text())
+    doc = training_doc(path)
     name = doc["metadata"]["name"]
     doc = in_namespace(doc, live_namespace)
     provision(live_cluster, live_namespace, doc)

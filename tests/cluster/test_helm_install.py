@@ -17,7 +17,7 @@ import yaml
 from control_plane import free_port
 from support.cluster import OperatorProcess, wait_for
 from test_lifecycle import small_training, wait_running
-from workloads import status
+from workloads import provision, status
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "rosetta"
@@ -64,7 +64,9 @@ def test_chart_install_runs_a_training_with_the_charts_rbac(live_cluster, live_n
     op = OperatorProcess(live_cluster, f"operator-helm-{ns}", *container.args, kubeconfig=kubeconfig)
     try:
         op.wait_healthy(liveness)
-        live_cluster.create_training(ns, small_training(ns, "charted"))
+        doc = small_training(ns, "charted")
+        provision(live_cluster, ns, doc)
+        live_cluster.create_training(ns, doc)
         pods = wait_running(live_cluster, ns, "charted")
         for pod in pods:
             live_cluster.end_pod(ns, pod.metadata.name, 0)

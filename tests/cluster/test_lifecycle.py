@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
 
 from support.cluster import wait_for
-from workloads import condition, in_namespace, jobset, running_pods, status
+from workloads import condition, in_namespace, jobset, provision, running_pods, status, training_doc
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "manifests" / "examples" / "quickstart-cpu.yaml"
@@ -20,14 +19,17 @@ WAIT = 90
 
 
 def small_training(namespace: str, name: str, max_restarts: int = 1) -> dict:
-    """quickstart-cpu on the simulated CPU nodes: two pods, `max_restarts` gang restarts."""
-    doc = in_namespace(yaml.safe_load(QUICKSTART.read_text()), namespace, name)
+    """quickstart-cpu on the simulated CPU nodes: two pods, `max_restarts` gang restarts. Its
+    checkpoints claim must exist first (`provision`)."""
+    doc = in_namespace(training_doc(QUICKSTART), namespace, name)
     doc["spec"]["failurePolicy"] = {"maxRestarts": max_restarts}
     return doc
 
 
 def start(cluster, namespace: str, name: str, **kwargs) -> list:
-    cluster.create_training(namespace, small_training(namespace, name, **kwargs))
+    doc = small_training(namespace, name, **kwargs)
+    provision(cluster, namespace, doc)
+    cluster.create_training(namespace, doc)
     return wait_running(cluster, namespace, name)
 
 

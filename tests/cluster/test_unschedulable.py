@@ -7,7 +7,7 @@ import pytest
 
 from support.cluster import wait_for
 from test_lifecycle import small_training
-from workloads import condition, status
+from workloads import condition, provision, status
 
 WAIT = 60
 
@@ -30,7 +30,9 @@ def gpu_training(namespace: str, name: str, gpus: int, **scheduling) -> dict:
 def test_unschedulable_training_stays_pending_and_says_why(live_cluster, live_namespace, live_operator,
                                                            case, gpus, scheduling, said):
     ns = live_namespace
-    live_cluster.create_training(ns, gpu_training(ns, "nowhere", gpus, **scheduling))
+    doc = gpu_training(ns, "nowhere", gpus, **scheduling)
+    provision(live_cluster, ns, doc)  # its checkpoints claim is bound: only the GPUs keep it off the nodes
+    live_cluster.create_training(ns, doc)
     scheduled = wait_for(lambda: (c := condition(live_cluster, ns, "nowhere", "Scheduled")) and c, "a Scheduled condition",
                          WAIT)
     assert (scheduled["status"], scheduled["reason"]) == ("False", "Unschedulable")

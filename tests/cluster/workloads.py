@@ -5,6 +5,7 @@ its PriorityClass and Kueue queues. Plus small readers of the state the tests wa
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any, Optional
 
 from kubernetes.client.exceptions import ApiException
@@ -71,6 +72,16 @@ def _create(call) -> None:
     except ApiException as exc:
         if exc.status != 409:
             raise
+
+
+def training_doc(path) -> dict:
+    """The TranslationTraining of an example file (some ship the PersistentVolumeClaim they mount
+    in the same file, as another document)."""
+    import yaml
+
+    docs = [d for d in yaml.safe_load_all(Path(path).read_text()) if d]
+    (training,) = [d for d in docs if d.get("kind") == "TranslationTraining"]
+    return training
 
 
 def in_namespace(doc: dict, namespace: str, name: Optional[str] = None) -> dict:
