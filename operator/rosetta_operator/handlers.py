@@ -476,7 +476,25 @@ def observe(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str, 
                                     previous_restarts=current.get("restarts"),
                                     previous_preemptions=current.get("preemptions"),
                                     held=held, workload=workload, now=stamp)
-    return st.merge_status(current, observation, now=stamp, generation=parent["metadata"].get("generation"))
+    desired = st.merge_status(current, observation, now=stamp, generation=parent["metadata"].get("generation"))
+    if observation.phase == st.Phase.SUCCEEDED and current.get("phase") != st.Phase.SUCCEEDED:
+        figures = final_figures(api, namespace, jobset_name)
+        if figures:
+            desired["progress"] = pr.final_progress(current.get("progress"), figures, stamp)
+    return desired
+
+
+def final_figures(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str) -> Optional[dict]:
+    """What rank 0 reported as it finished (its termination message): the progress scrapes stop
+    with the pods, usually before the last evaluation is seen."""
+    try:
+        pods = kubernetes.client.CoreV1Api(api).list_namespaced_pod(
+            namespace, label_selector=f"{pr.JOBSET_NAME_LABEL}={jobset_name}")
+    except ApiException as exc:
+        logging.getLogger(__name__).warning("cannot list the pods of JobSet %s/%s for the final result: %s",
+                                            namespace, jobset_name, exc.reason)
+        return None
+    return pr.final_result((api.sanitize_for_serialization(p) for p in pods.items), jobset_name)
 
 
 def data_error(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str) -> Optional[str]:
@@ -726,6 +744,8 @@ def update_progress(api: kubernetes.client.ApiClient, namespace: str, name: str,
 
     def compute(parent: Mapping, current: Mapping) -> dict:
         nonlocal outcome
+        if current.get("phase") in (st.Phase.SUCCEEDED, st.Phase.FAILED):
+            return dict(current)  # a scrape from before the end must not undo the final figures
         if not pr.changed(current.get("progress"), progress):
             return dict(current)
         outcome = "updated"

@@ -14,6 +14,7 @@ from typing import Any, Iterable, Mapping, Optional
 from prometheus_client.parser import text_string_to_metric_families
 
 from rosetta_operator.render import COMPLETION_INDEX
+from rosetta_trainer.final_result import parse as parse_result
 
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
@@ -129,6 +130,34 @@ def rank0_pod(pods: Iterable[Mapping], jobset_name: str) -> Optional[Mapping]:
     if not candidates:
         return None
     return max(candidates, key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp") or ""))
+
+
+def final_result(pods: Iterable[Mapping], jobset_name: str) -> Optional[dict]:
+    """The figures rank 0 left in its termination message when the run completed (final_result.py),
+    from the newest rank-0 pod of the JobSet that has them; None when none did."""
+    found = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        if labels.get(JOBSET_NAME_LABEL) != jobset_name or _index(pod) != "0":
+            continue
+        for container in (pod.get("status") or {}).get("containerStatuses") or []:
+            message = (((container.get("state") or {}).get("terminated")) or {}).get("message") or ""
+            figures = parse_result(message)
+            if figures:
+                found.append((str(meta.get("creationTimestamp") or ""), figures))
+    return max(found, key=lambda f: f[0])[1] if found else None
+
+
+def final_progress(current: Optional[Mapping], figures: Mapping, now: str) -> dict:
+    """status.progress with a finished run's figures folded in."""
+    progress = {**(current or {}), **figures, "updatedAt": now}
+    progress.pop("etaSeconds", None)
+    step, total = progress.get("step"), progress.get("totalSteps")
+    if step is not None and total:
+        percent = min(100.0, 100.0 * step / total)
+        progress.update(percent=round(percent, 1), display=f"{percent:.0f}% {int(step)}/{int(total)}")
+    return progress
 
 
 def metrics_url(pod: Mapping, port: int) -> str:

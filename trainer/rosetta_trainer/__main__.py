@@ -39,7 +39,7 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
     import transformers
 
     from rosetta_trainer import checkpoint as ckpt
-    from rosetta_trainer import s3_mirror
+    from rosetta_trainer import final_result, s3_mirror
     from rosetta_trainer.batching import encode
     from rosetta_trainer.cpu_allocator import keep_freed_memory
     from rosetta_trainer.data_checks import describe, read_checked
@@ -154,6 +154,8 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
         if world.is_main:
             path = telemetry.write_summary(summary)
             _print_result(summary, path)
+            if summary.get("completed"):
+                final_result.report(summary)  # for the operator: the last scrape may predate the end
         barrier(world)
         return summary
     finally:

@@ -1,0 +1,63 @@
+"""A finished run's figures in rank 0's termination message, for the TranslationTraining's status.
+
+While a training runs, the operator scrapes rank 0's metrics endpoint every few seconds into
+status.progress. The last steps and the final evaluation usually land between the last scrape and
+the pod's exit, so the status of a finished training would show a step and a BLEU from before
+its end. Kubernetes keeps a container's termination message after it exits: rank 0 leaves the
+final figures there (one line, `Result: {json}`), and the operator folds them into status.progress
+when the JobSet succeeds. No torch here: the operator imports this module.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from typing import Any, Mapping, Optional
+
+from rosetta_trainer.data_checks import DEFAULT_TERMINATION_LOG, MAX_TERMINATION_MESSAGE, TERMINATION_LOG_ENV
+
+RESULT_PREFIX = "Result: "
+# summary.json key -> status.progress field
+_FIELDS = (("steps", "step"), ("total_steps", "totalSteps"), ("final_loss", "loss"),
+           ("final_bleu", "bleu"), ("best_bleu", "bestBleu"))
+
+log = logging.getLogger(__name__)
+
+
+def result_of(summary: Mapping[str, Any]) -> dict:
+    """The status.progress fields a run's summary gives (finite numbers only)."""
+    out: dict[str, Any] = {}
+    for key, field in _FIELDS:
+        value = summary.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            out[field] = int(value) if field in ("step", "totalSteps") else round(float(value), 4)
+    return out
+
+
+def report(summary: Mapping[str, Any]) -> None:
+    """Write the final figures as the termination message: only in a pod (the kubelet creates the
+    file) or where $ROSETTA_TERMINATION_LOG names one."""
+    path = os.environ.get(TERMINATION_LOG_ENV) or DEFAULT_TERMINATION_LOG
+    if TERMINATION_LOG_ENV not in os.environ and not os.path.exists(path):
+        return
+    text = RESULT_PREFIX + json.dumps(result_of(summary), separators=(",", ":"))
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text[:MAX_TERMINATION_MESSAGE])
+    except OSError as exc:  # the summary file and the log still have the figures
+        log.warning("cannot write the final result to %s: %s", path, exc)
+
+
+def parse(message: str) -> Optional[dict]:
+    """The figures of a `Result: {json}` termination message; None for anything else."""
+    if not message.startswith(RESULT_PREFIX):
+        return None
+    try:
+        figures = json.loads(message[len(RESULT_PREFIX):])
+    except ValueError:
+        return None
+    if not isinstance(figures, dict):
+        return None
+    return result_of({key: figures.get(field) for key, field in _FIELDS})
