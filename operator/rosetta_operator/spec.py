@@ -13,11 +13,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, WithJsonSchema
-from pydantic import BeforeValidator, field_validator, model_validator
+from pydantic import BeforeValidator, StringConstraints, field_validator, model_validator
 
 from rosetta_trainer.config import (
-    API_VERSION, KIND, ConfigError, Metadata, Model, TrainerSpec, apply_overrides, format_errors, read_yaml,
+    API_VERSION, KIND, ConfigError, JsonObject, Metadata, Model, TrainerSpec, apply_overrides, format_errors,
+    read_yaml,
 )
+from rosetta_trainer.strict_yaml import MAX_DEPTH
 from rosetta_operator.profiles import PROFILES
 
 DEFAULT_IMAGE = "ghcr.io/rosetta-dev/rosetta-trainer:0.1.0"
@@ -284,13 +286,14 @@ class Toleration(Model):
 
 
 class SchedulingSpec(Model):
-    node_selector: dict[str, str] = Field(
+    node_selector: dict[Annotated[str, StringConstraints(min_length=1, max_length=317)],
+                        Annotated[str, StringConstraints(max_length=63)]] = Field(
         default_factory=dict, description="Node labels the pods require (added to the profile's)."
     )
     tolerations: list[Toleration] = Field(
         default_factory=list, max_length=64, description="Taints the pods tolerate."
     )
-    affinity: Optional[dict[str, Any]] = Field(
+    affinity: Optional[JsonObject] = Field(
         None, description="A core/v1 Affinity, copied into the pod spec as written."
     )
     priority_class_name: Optional[str] = Field(None, max_length=253, description="PriorityClass of the pods.")
@@ -594,12 +597,16 @@ class TranslationTraining(BaseModel):
     spec: TranslationTrainingSpec
 
 
-def plain(value: Any) -> Any:
-    # kopf hands over Body/Spec mappings, not dicts; pydantic wants plain data.
+def plain(value: Any, _path: str = "", _depth: int = 0) -> Any:
+    """kopf hands over Body/Spec mappings, not dicts; pydantic wants plain data. A document nested
+    deeper than MAX_DEPTH (the YAML reader's bound; JSON from the apiserver may go deeper) is a
+    ConfigError naming where, not a RecursionError."""
+    if isinstance(value, (Mapping, list, tuple)) and _depth >= MAX_DEPTH:
+        raise ConfigError([(_path or "(document)", f"nested more than {MAX_DEPTH} levels deep")])
     if isinstance(value, Mapping):
-        return {str(k): plain(v) for k, v in value.items()}
+        return {str(k): plain(v, f"{_path}.{k}" if _path else str(k), _depth + 1) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
+        return [plain(v, f"{_path}[{i}]", _depth + 1) for i, v in enumerate(value)]
     return value
 
 
@@ -640,7 +647,7 @@ def parse_training(raw: Any, source: str | None = None, allow_host_path: bool = 
 def parse_spec(raw: Any, allow_host_path: bool = False) -> TranslationTrainingSpec:
     """Validate only a spec (what a kopf handler gets); error paths start with 'spec.'."""
     try:
-        return TranslationTrainingSpec.model_validate(plain(raw), context={"allow_host_path": allow_host_path})
+        return TranslationTrainingSpec.model_validate(plain(raw, "spec"), context={"allow_host_path": allow_host_path})
     except ValidationError as exc:
         raise ConfigError(_errors(exc, prefix="spec")) from None
 
@@ -648,7 +655,7 @@ def parse_spec(raw: Any, allow_host_path: bool = False) -> TranslationTrainingSp
 def load_training(path: str | Path, overrides: list[str] | None = None,
                   allow_host_path: bool = False) -> TranslationTraining:
     """Read a TranslationTraining YAML file, apply `a.b=value` overrides, validate."""
-    raw = apply_overrides(read_yaml(path), overrides or [])
+    raw = apply_overrides(read_yaml(path), overrides or [], str(path))
     return parse_training(raw, str(path), allow_host_path=allow_host_path)
 
 

@@ -116,8 +116,11 @@ def test_file_problems_are_config_errors(tmp_path):
         load_document(tmp_path / "missing.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("spec: [unclosed")
-    with pytest.raises(ConfigError, match=r"\(yaml\)"):
+    with pytest.raises(ConfigError) as info:
         load_document(bad)
+    assert info.value.errors[0][0] == "(yaml)"
+    assert str(info.value) == (f"invalid TranslationTraining in {bad}: line 2, column 1: did not find expected ',' "
+                               "or ']' (while parsing a flow sequence at line 1)")
     two = tmp_path / "two.yaml"
     two.write_text("a: 1\n---\nb: 2\n")
     with pytest.raises(ConfigError, match=r"one TranslationTraining document, found 0 among 2 documents "

@@ -27,7 +27,7 @@ from rosetta_trainer.config import TrainingDocument, apply_overrides, parse_docu
 
 def train_from_file(path: str, output: str | None = None, overrides: list[str] | None = None,
                     progress: bool = True) -> dict:
-    raw = apply_overrides(read_yaml(path), overrides or [])
+    raw = apply_overrides(read_yaml(path), overrides or [], str(path))
     document = parse_document(raw, str(path))  # fails before any work, listing every error
     out = Path(output or Path("runs") / document.metadata.name)
     return train(document, yaml.safe_dump(raw, sort_keys=False), out, progress=progress)

@@ -11,16 +11,19 @@ silently ignored setting.
 from __future__ import annotations
 
 import copy
+import datetime
+import math
 import re
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
-import yaml
 from pydantic import (
-    BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints, ValidationError, field_validator, model_validator,
+    AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints, ValidationError, field_validator, model_validator,
 )
 from pydantic.alias_generators import to_camel
+
+from rosetta_trainer import strict_yaml
 
 API_VERSION = "rosetta.dev/v1alpha1"
 KIND = "TranslationTraining"
@@ -49,24 +52,84 @@ def _current_task() -> str | None:
     """The task of the spec being validated; None when spec.task itself is invalid (that error
     is reported on its own, so task-dependent rules stay quiet rather than guess)."""
     task = _TASK.get()
-    return task if task in DEFAULT_METRICS else None
+    return task if isinstance(task, str) and task in DEFAULT_METRICS else None
 
 
 class ConfigError(ValueError):
-    """An invalid document. `errors` lists (field path, message) for every problem."""
+    """An invalid document. `errors` lists (field path, message) for every problem.
+
+    One problem is one line (`invalid TranslationTraining in f.yaml: spec.task: ...`; a document
+    that could not be read names the line: `... in f.yaml: line 3, column 1: duplicate key 'spec'`);
+    several are listed under a header. A message is cut at MAX_MESSAGE characters, so a value
+    quoted from a megabyte-long field does not come back whole."""
+
+    MAX_MESSAGE = 1000
 
     def __init__(self, errors: list[tuple[str, str]], source: str | None = None):
-        self.errors = errors
+        self.errors = [(_clip(path, 200), _clip(message, self.MAX_MESSAGE)) for path, message in errors]
         self.source = source
         where = f" in {source}" if source else ""
-        lines = [f"invalid TranslationTraining{where} ({len(errors)} error{'s' * (len(errors) != 1)}):"]
-        lines += [f"  {path}: {message}" for path, message in errors]
+        if len(self.errors) == 1:
+            path, message = self.errors[0]
+            # "(file)", "(yaml)": the document was not read; its message says where.
+            text = message if path in ("(file)", "(yaml)") else f"{path}: {message}"
+            super().__init__(f"invalid TranslationTraining{where}: {text}")
+            return
+        lines = [f"invalid TranslationTraining{where} ({len(self.errors)} error{'s' * (len(self.errors) != 1)}):"]
+        lines += [f"  {path}: {message}" for path, message in self.errors]
         super().__init__("\n".join(lines))
 
 
+def _clip(text: str, limit: int) -> str:
+    text = " ".join(str(text).splitlines())
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
+
+
+# Longest path or model id a spec may name (Linux's PATH_MAX), and longest column/split/region
+# name: a megabyte-long "path" is a field error, not a megabyte in every message and pod config.
+PATH_MAX = 4096
+NAME_MAX = 253
+
+
+def json_object(value: dict) -> dict:
+    """Free-form fields that are copied into JSON (deepspeedConfig, a pod's affinity) hold only what
+    JSON can: YAML reads `2024-01-01` as a date, `!!binary` as bytes, `!!set` as a set, `.nan` as
+    NaN, none of which json.dumps (or the apiserver) takes. The error names the key inside."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, dict):
+            for key, sub in item.items():
+                shown = _clip(key, 60)
+                if not isinstance(key, str):
+                    raise ValueError(f"{where or '(top)'}: key {shown} is a {_yaml_kind(key)}, not a string; quote it")
+                stack.append((sub, f"{where}.{shown}" if where else shown))
+        elif isinstance(item, list):
+            stack.extend((sub, f"{where}[{i}]") for i, sub in enumerate(item))
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise ValueError(f"{where}: {item} is not a JSON number")
+        elif item is not None and not isinstance(item, (str, int, float)):
+            raise ValueError(f"{where}: a YAML {_yaml_kind(item)} ({_clip(item, 40)}) is not a JSON value; "
+                             "quote it to pass it as a string")
+    return value
+
+
+def _yaml_kind(value: Any) -> str:
+    if isinstance(value, datetime.datetime):
+        return "timestamp"
+    if isinstance(value, datetime.date):
+        return "date"
+    return {bytes: "binary", set: "set", bool: "boolean", int: "number", float: "number",
+            tuple: "sequence"}.get(type(value), type(value).__name__)
+
+
+JsonObject = Annotated[dict[str, Any], AfterValidator(json_object)]
+
+
 class Model(BaseModel):
+    # No NaN or infinity: `epochs: .inf` or `weightDecay: .nan` would pass every bound check.
     model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=False
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=False, allow_inf_nan=False
     )
 
 
@@ -77,7 +140,7 @@ class ModelSpec(Model):
     """Either pretrained weights (`name`) or a from-scratch `architecture`."""
 
     name: Optional[str] = Field(
-        None, description="Hugging Face model id or local directory with pretrained weights."
+        None, max_length=PATH_MAX, description="Hugging Face model id or local directory with pretrained weights."
     )
     architecture: Optional[Literal["t5", "transformer"]] = Field(
         None, description="Train from scratch: t5 (T5Config) or transformer (Marian/BART-style)."
@@ -119,7 +182,7 @@ class TokenizerTraining(Model):
 
 class TokenizerSpec(Model):
     path: Optional[str] = Field(
-        None, description="Tokenizer directory or hub id; defaults to the model's own when pretrained."
+        None, max_length=PATH_MAX, description="Tokenizer directory or hub id; defaults to the model's own when pretrained."
     )
     train: Optional[TokenizerTraining] = Field(
         None, description="Train a new tokenizer on the training data with `tokenizers`."
@@ -157,18 +220,21 @@ class DataSource(Model):
             "masculine/feminine counterfactual pairs; generated: the built-in demo corpus."
         ),
     )
-    source: Optional[str] = Field(None, description="pairs: source-language file.")
-    target: Optional[str] = Field(None, description="pairs: target-language file.")
-    path: Optional[str] = Field(None, description="tsv/csv/jsonl file, or the mtgeneval directory.")
-    source_column: str = Field("source", description="tsv/csv column or jsonl field of the source text.")
-    target_column: str = Field("target", description="tsv/csv column or jsonl field of the target text.")
+    source: Optional[str] = Field(None, max_length=PATH_MAX, description="pairs: source-language file.")
+    target: Optional[str] = Field(None, max_length=PATH_MAX, description="pairs: target-language file.")
+    path: Optional[str] = Field(
+        None, max_length=PATH_MAX, description="tsv/csv/jsonl file, or the mtgeneval directory.")
+    source_column: str = Field(
+        "source", max_length=NAME_MAX, description="tsv/csv column or jsonl field of the source text.")
+    target_column: str = Field(
+        "target", max_length=NAME_MAX, description="tsv/csv column or jsonl field of the target text.")
     lang_column: Optional[str] = Field(
-        None, description="tsv/csv column or jsonl field naming each row's target language."
+        None, max_length=NAME_MAX, description="tsv/csv column or jsonl field naming each row's target language."
     )
     target_lang: Optional[str] = Field(
-        None, description="Target language of this source; required when spec.data has several."
+        None, min_length=2, max_length=35, description="Target language of this source; required when spec.data has several."
     )
-    split: str = Field("dev", description="mtgeneval: which split's files to read.")
+    split: str = Field("dev", max_length=NAME_MAX, description="mtgeneval: which split's files to read.")
     size: int = Field(20000, ge=1, description="generated: number of sentence pairs.")
     seed: int = Field(0, description="generated: corpus seed (different seeds, disjoint splits).")
     limit: Optional[int] = Field(None, ge=1, description="Read at most this many pairs.")
@@ -332,7 +398,7 @@ class DistributedSpec(Model):
         description="deepspeed: 1 shards optimizer state, 2 also gradients, 3 also parameters (default 2).",
     )
     offload: OffloadSpec = Field(default_factory=OffloadSpec)
-    deepspeed_config: Optional[dict[str, Any]] = Field(
+    deepspeed_config: Optional[JsonObject] = Field(
         None,
         description=(
             "deepspeed: raw DeepSpeed config merged over the one generated from this spec "
@@ -370,11 +436,11 @@ class S3MirrorSpec(Model):
     """Where complete checkpoints are mirrored. Credentials never appear here: the standard AWS
     chain (IRSA, instance profile, env) or the Secret named by credentialsSecret provides them."""
 
-    uri: str = Field(..., description="s3://bucket/prefix that receives a copy of every complete checkpoint.")
+    uri: str = Field(..., max_length=PATH_MAX, description="s3://bucket/prefix that receives a copy of every complete checkpoint.")
     endpoint_url: Optional[str] = Field(
-        None, description="S3-compatible endpoint (MinIO, Ceph, GCS interop), e.g. http://minio:9000."
+        None, max_length=PATH_MAX, description="S3-compatible endpoint (MinIO, Ceph, GCS interop), e.g. http://minio:9000."
     )
-    region: Optional[str] = Field(None, description="Bucket region; default from the AWS environment.")
+    region: Optional[str] = Field(None, max_length=NAME_MAX, description="Bucket region; default from the AWS environment.")
     keep: Optional[int] = Field(
         None, ge=1, description="Complete checkpoints kept in S3 (plus the best); default checkpoint.keep."
     )
@@ -426,7 +492,7 @@ class S3MirrorSpec(Model):
 
 class CheckpointSpec(Model):
     dir: Optional[str] = Field(
-        None, description="Checkpoint directory; default <output>/checkpoints. Relative paths are under the output dir."
+        None, max_length=PATH_MAX, description="Checkpoint directory; default <output>/checkpoints. Relative paths are under the output dir."
     )
     interval: int = Field(1000, ge=1, description="Steps between checkpoints.")
     keep: int = Field(3, ge=1, description="How many of the latest checkpoints to keep.")
@@ -498,7 +564,8 @@ class TrainerSpec(Model):
     @classmethod
     def _hand_down_task(cls, data, handler):
         task = data.get("task") if isinstance(data, dict) else getattr(data, "task", None)
-        token = _TASK.set(task or "translation")
+        # Any value, a list included: _current_task() ignores what is not a task, which is reported on spec.task.
+        token = _TASK.set("translation" if task is None else task)
         try:
             return handler(data)
         finally:
@@ -534,7 +601,7 @@ CLUSTER_KEYS = frozenset({
 class Metadata(BaseModel):
     model_config = ConfigDict(extra="allow")
     name: str = Field("training", min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-    namespace: Optional[str] = None
+    namespace: Optional[str] = Field(None, min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 class TrainingDocument(BaseModel):
@@ -588,20 +655,25 @@ def deep_merge(base: dict, overrides: dict) -> dict:
     return out
 
 
-def apply_overrides(raw: dict, overrides: list[str]) -> dict:
-    """Apply `a.b.c=value` overrides (value parsed as YAML) to a raw document."""
+def apply_overrides(raw: dict, overrides: list[str], source: str | None = None) -> dict:
+    """Apply `a.b.c=value` overrides (value parsed as YAML) to a raw document (read from `source`)."""
     raw = copy.deepcopy(raw)
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ConfigError([(item, "override must look like 'spec.training.maxSteps=100'")])
+            raise ConfigError([(item, "override must look like 'spec.training.maxSteps=100'")], source)
         node = raw
         parts = key.split(".")
+        if not isinstance(node, dict):
+            raise ConfigError([("(document)", "expected a YAML mapping with apiVersion, kind and spec")], source)
         for part in parts[:-1]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                raise ConfigError([(key, f"'{part}' is not a mapping")])
-        node[parts[-1]] = yaml.safe_load(value)
+                raise ConfigError([(key, f"'{part}' is not a mapping")], source)
+        try:
+            node[parts[-1]] = strict_yaml.load(value)
+        except strict_yaml.YamlError as exc:
+            raise ConfigError([(key, f"the value is not valid YAML: {exc}")], source) from None
     return raw
 
 
@@ -620,15 +692,16 @@ def parse_document(raw: Any, source: str | None = None, model: type[BaseModel] =
 def read_yaml(path: str | Path) -> dict:
     """The TranslationTraining of a YAML file: its only document, or, in a file that `kubectl apply`
     takes as a whole (e.g. a PersistentVolumeClaim, then the training), the one of kind
-    TranslationTraining; documents of other kinds are ignored."""
+    TranslationTraining; documents of other kinds are ignored.
+
+    Read with strict_yaml: at most 1 MiB of UTF-8, no duplicate keys, bounded aliases and nesting.
+    Every failure is a ConfigError with one line naming where ("(yaml): line 3, column 1: ...")."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        docs = [d for d in strict_yaml.load_all(strict_yaml.read_text(path)) if d is not None]
     except FileNotFoundError:
         raise ConfigError([("(file)", f"{path} does not exist")], str(path)) from None
-    try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as exc:
+    except strict_yaml.YamlError as exc:
         raise ConfigError([("(yaml)", str(exc))], str(path)) from None
     return pick_training(docs, str(path))
 
@@ -639,7 +712,8 @@ def pick_training(docs: list, source: str | None = None):
         return docs[0]  # validation says what is wrong with it, kind included
     trainings = [d for d in docs if isinstance(d, dict) and d.get("kind") == KIND]
     if len(trainings) != 1:
-        kinds = ", ".join(str(d.get("kind") or "no kind") if isinstance(d, dict) else "not a mapping" for d in docs)
+        kinds = ", ".join(_clip(d.get("kind") or "no kind", 60) if isinstance(d, dict) else "not a mapping"
+                          for d in docs[:20]) + (", …" if len(docs) > 20 else "")
         raise ConfigError([("(file)", f"expected one {KIND} document, found {len(trainings)} among "
                                       f"{len(docs)} documents ({kinds or 'none'})")], source)
     return trainings[0]
@@ -648,5 +722,5 @@ def pick_training(docs: list, source: str | None = None):
 def load_document(path: str | Path, overrides: list[str] | None = None,
                   model: type[BaseModel] = TrainingDocument):
     """Read, override and validate a TranslationTraining file; ConfigError lists every problem."""
-    raw = apply_overrides(read_yaml(path), overrides or [])
+    raw = apply_overrides(read_yaml(path), overrides or [], str(path))
     return parse_document(raw, str(path), model)

@@ -153,9 +153,9 @@ def load_checkpoint_for_inference(path: str | Path, device: torch.device):
         raise ConfigError([("--checkpoint", f"{path} holds no model (no config.json in {model_dir})")])
     spec = None
     if (path / "training.yaml").is_file():
-        import yaml
+        from rosetta_trainer.config import read_yaml
 
-        spec = parse_document(yaml.safe_load((path / "training.yaml").read_text()), str(path / "training.yaml")).spec
+        spec = parse_document(read_yaml(path / "training.yaml"), str(path / "training.yaml")).spec
     from rosetta_trainer.deepspeed_backend import consolidated_model, is_deepspeed_checkpoint
 
     if is_deepspeed_checkpoint(path):  # ZeRO shards: gather them (an export does this once, ahead)

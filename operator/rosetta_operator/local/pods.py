@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 import yaml
 
+from rosetta_trainer import strict_yaml
 from rosetta_operator.render import COMPLETION_INDEX, CONFIG_KEY, SCRATCH_MOUNTS, Rendered
 
 # JobSet exposes the restart count of the gang on every pod; the trainer reports it.
@@ -174,7 +175,8 @@ def _translate_config(text: str, paths: PathMap) -> str:
         if isinstance(value, str) and value.startswith("/"):
             return paths.local(value)
         return value
-    return yaml.safe_dump(walk(yaml.safe_load(text)), sort_keys=False, allow_unicode=True)
+    # The ConfigMap render.py wrote; read as strictly as the file it came from.
+    return yaml.safe_dump(walk(strict_yaml.load(text)), sort_keys=False, allow_unicode=True)
 
 
 def _pod_template(rendered: Rendered) -> dict:

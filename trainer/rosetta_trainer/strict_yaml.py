@@ -1,0 +1,192 @@
+"""The one YAML reader for TranslationTraining files and documents: strict and bounded.
+
+Every entry point that turns YAML text into data goes through here (`rosetta validate/render/run/
+train/plan/evaluate -f`, `--set` values, the ConfigMap `rosetta run` rewrites for its pods, a
+checkpoint's saved training.yaml).
+PyYAML's safe loader alone accepts what a spec must not:
+
+    size         a file over MAX_BYTES (1 MiB) is refused before it is parsed; reading stops there
+                 (so `-f /dev/zero` ends too)
+    encoding     bytes that are not UTF-8: the line and the byte's offset in the file
+    duplicates   a mapping key given twice (PyYAML silently keeps the last): the key and both lines
+    aliases      aliases may add at most MAX_ALIAS_NODES nodes in all ("billion laughs": nine nested
+                 anchors expand to 10^9 nodes from a few hundred bytes), and may not point into the
+                 collection that holds them (a recursive structure)
+    depth        collections nested deeper than MAX_DEPTH (thousands of `[` would otherwise end in
+                 a RecursionError)
+
+The checks run on the parser's event stream, which PyYAML produces without recursion at any depth,
+before a node is composed; only a document that passes is built (libyaml when available). Every
+error is a `YamlError` whose message is one line: where (line, column), then what.
+
+Torch-free: the operator imports it.
+"""
+
+from __future__ import annotations
+
+import codecs
+from pathlib import Path
+from typing import Any
+
+import yaml
+from yaml.events import (
+    AliasEvent, DocumentStartEvent, MappingEndEvent, MappingStartEvent, ScalarEvent, SequenceEndEvent,
+    SequenceStartEvent,
+)
+
+MAX_BYTES = 1 << 20
+MAX_DEPTH = 100
+MAX_ALIAS_NODES = 10_000
+
+# libyaml when present: parsing twice (check, then load) must stay cheap.
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class YamlError(ValueError):
+    """A document that is not read: one line, starting with where ("line 3, column 5: ...")."""
+
+
+def _at(mark: Any) -> str:
+    return f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "(somewhere)"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _describe(exc: yaml.YAMLError, text: str) -> str:
+    """PyYAML's multi-line message (with a snippet of the text) as `line L, column C: problem`."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem == "second occurrence" and exc.context_mark:
+        return f"{_at(exc.problem_mark)}: duplicate anchor (first at line {exc.context_mark.line + 1})"
+    if isinstance(exc, yaml.MarkedYAMLError):
+        problem = _one_line(exc.problem or exc.context or "invalid YAML")
+        where = exc.problem_mark or exc.context_mark
+        text = f"{_at(where)}: {problem}"
+        if exc.context and exc.problem and exc.context_mark is not None:
+            text += f" ({_one_line(exc.context)} at line {exc.context_mark.line + 1})"
+        return text
+    if isinstance(exc, yaml.reader.ReaderError):  # an unprintable character: where, and its code point only
+        position = min(max(exc.position, 0), len(text))
+        line = text.count("\n", 0, position) + 1
+        column = position - (text.rfind("\n", 0, position) + 1) + 1
+        return f"line {line}, column {column}: {_one_line(exc.reason)} (code point {exc.character:#x})"
+    return _one_line(str(exc))
+
+
+def read_text(path: str | Path, what: str = "file") -> str:
+    """A YAML file's text: at most MAX_BYTES, UTF-8 (a leading BOM is dropped). YamlError otherwise;
+    FileNotFoundError is left to the caller, which knows what a missing file means there."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_BYTES + 1)
+    except (FileNotFoundError, NotADirectoryError):
+        raise FileNotFoundError(path) from None
+    except OSError as exc:
+        raise YamlError(f"cannot read {path}: {exc.strerror or type(exc).__name__}") from None
+    if len(data) > MAX_BYTES:
+        raise YamlError(f"{what} is larger than {MAX_BYTES // (1 << 20)} MiB ({MAX_BYTES} bytes), "
+                        "the limit for a TranslationTraining")
+    return decode(data)
+
+
+def decode(data: bytes) -> str:
+    """UTF-8 text, or a YamlError naming the line and byte offset of the first bad byte."""
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8):]
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise YamlError(f"line {line}, column {column}: not UTF-8 text ({exc.reason} at byte {exc.start} "
+                        "of the file)") from None
+
+
+def check(text: str) -> None:
+    """Walk the event stream: duplicate keys, alias expansion, recursive aliases and depth."""
+    parser = _Loader(text)
+    # Per open collection: [anchor, expanded size, keys seen (mappings) or None, children so far].
+    stack: list[list] = []
+    sizes: dict[str, int] = {}   # anchor -> nodes its alias stands for
+    added = 0                    # nodes that aliases added, over the whole stream
+
+    def child(event: Any) -> None:
+        """Count a node starting in the open collection; a mapping's even children are its keys."""
+        if not stack:
+            return
+        parent = stack[-1]
+        parent[3] += 1
+        keys = parent[2]
+        if keys is None or parent[3] % 2 == 0 or not isinstance(event, ScalarEvent) or event.value == "<<":
+            return
+        first = keys.setdefault(event.value, event.start_mark)
+        if first is not event.start_mark:
+            raise YamlError(f"{_at(event.start_mark)}: duplicate key {_shown(event.value)} "
+                            f"(first at line {first.line + 1})")
+
+    def done(anchor: str | None, size: int) -> None:
+        if anchor is not None:
+            sizes[anchor] = size
+        if stack:
+            stack[-1][1] += size
+
+    try:
+        while parser.check_event():
+            event = parser.get_event()
+            if isinstance(event, DocumentStartEvent):
+                sizes = {}  # anchors are per document
+            elif isinstance(event, (SequenceStartEvent, MappingStartEvent)):
+                child(event)
+                if len(stack) >= MAX_DEPTH:
+                    raise YamlError(f"{_at(event.start_mark)}: nested more than {MAX_DEPTH} levels deep")
+                stack.append([event.anchor, 1, {} if isinstance(event, MappingStartEvent) else None, 0])
+            elif isinstance(event, (SequenceEndEvent, MappingEndEvent)):
+                anchor, size, _, _ = stack.pop()
+                done(anchor, size)
+            elif isinstance(event, ScalarEvent):
+                child(event)
+                done(event.anchor, 1)
+            elif isinstance(event, AliasEvent):
+                child(event)
+                if any(entry[0] == event.anchor for entry in stack):
+                    raise YamlError(f"{_at(event.start_mark)}: alias *{_shown(event.anchor, quote=False)} "
+                                    "refers to a collection that contains it (a recursive structure)")
+                size = sizes.get(event.anchor, 1)  # undefined: the loader names it
+                added += size
+                if added > MAX_ALIAS_NODES:
+                    raise YamlError(f"{_at(event.start_mark)}: aliases expand to more than {MAX_ALIAS_NODES} "
+                                    "nodes (nested aliases, a \"billion laughs\"?); write the values out")
+                done(None, size)
+    except yaml.YAMLError as exc:
+        raise YamlError(_describe(exc, text)) from None
+    finally:
+        parser.dispose()
+
+
+def _shown(value: str, quote: bool = True, limit: int = 80) -> str:
+    text = value if len(value) <= limit else value[:limit] + "…"
+    return repr(text) if quote else text
+
+
+def load_all(text: str) -> list:
+    """Every document of a stream (empty ones included as None), checked first."""
+    check(text)
+    try:
+        return list(yaml.load_all(text, Loader=_Loader))
+    except yaml.YAMLError as exc:
+        raise YamlError(_describe(exc, text)) from None
+    except RecursionError:  # not reached after check(); kept so a traceback can never escape
+        raise YamlError(f"nested more than {MAX_DEPTH} levels deep") from None
+
+
+def load(text: str) -> Any:
+    """A single document (None when empty); YamlError for a stream of several."""
+    docs = load_all(text)
+    if len(docs) > 1:
+        raise YamlError(f"expected one YAML document, found {len(docs)}")
+    return docs[0] if docs else None
+
+
+__all__ = ["MAX_ALIAS_NODES", "MAX_BYTES", "MAX_DEPTH", "YamlError", "check", "decode", "load", "load_all",
+           "read_text"]
