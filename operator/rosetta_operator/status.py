@@ -372,7 +372,10 @@ def data_invalid_message(pods: Iterable[Mapping]) -> Optional[str]:
                 message = ((state or {}).get("terminated") or {}).get("message") or ""
                 if message.startswith(TERMINATION_PREFIX):
                     name = (pod.get("metadata") or {}).get("name")
-                    return truncate(f"pod {name}: {message[len(TERMINATION_PREFIX):].strip()}")
+                    # The trainer writes one line; whatever else the container left there, the
+                    # condition, the message and the event get one line of printable text.
+                    text = "".join(ch if ch.isprintable() else " " for ch in message[len(TERMINATION_PREFIX):])
+                    return truncate(f"pod {name}: {' '.join(text.split())}")
     return None
 
 

@@ -146,12 +146,12 @@ def test_csv_quoted_comma_and_newline(tmp_path):
     ]
 
 
-def test_table_missing_column_lists_header(tmp_path):
+def test_table_missing_column_names_the_column_not_the_header(tmp_path):
+    # The header row is the file's text: a spec may point at any file, so it is never quoted.
     path = write(tmp_path / "c.tsv", "en\tde\nHello\tHallo\n")
     with pytest.raises(DataError) as err:
         read({"format": "tsv", "path": str(path), "sourceColumn": "english", "targetColumn": "de"})
-    msg = str(err.value)
-    assert "'english'" in msg and "'en', 'de'" in msg and str(path) in msg
+    assert str(err.value) == f"{path}:1: no column 'english' in the header row (2 columns)"
 
 
 def test_table_lang_column_filters_to_target_langs(tmp_path):
@@ -215,10 +215,11 @@ def test_jsonl_non_string_field(tmp_path):
         read({"format": "jsonl", "path": str(path)})
 
 
-def test_jsonl_missing_field_lists_object_keys(tmp_path):
+def test_jsonl_missing_field_names_the_field_not_the_object_keys(tmp_path):
     path = write(tmp_path / "d.jsonl", '{"src": "a", "target": "b"}\n')
-    with pytest.raises(DataError, match=r"no field 'source'; the object has 'src', 'target'"):
+    with pytest.raises(DataError) as err:
         read({"format": "jsonl", "path": str(path)})
+    assert str(err.value) == f"{path}:1: no field 'source' in the object (2 fields)"
 
 
 def test_jsonl_limit(tmp_path):

@@ -17,6 +17,13 @@ value (rows naming a language outside `targetLangs` are skipped), else the singl
 `targetLangs`. `limit` caps the examples one source yields; a source that covers several
 languages (mtgeneval, generated) splits that cap evenly between them.
 
+Errors never quote the data: a spec may name any file the trainer can read (/proc/self/environ,
+a credentials file), and the message goes to logs, the pod's termination message and the
+training's status. A DataError says where (file, line, byte, column or field count) and what kind
+of problem, never the bytes: not a regular file, not UTF-8, a NUL byte, a line over
+MAX_LINE_BYTES, not JSON, a missing column or field. Only regular files are read (a FIFO or
+/dev/zero is refused before a byte is read), a line at a time, each at most MAX_LINE_BYTES.
+
 Torch-free: the operator and the docs tooling import it.
 """
 
@@ -26,6 +33,9 @@ import codecs
 import csv
 import gzip
 import json
+import os
+import stat
+import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from itertools import zip_longest
@@ -35,6 +45,8 @@ from . import corpus
 from .config import DataSource, DataSpec, task_prefix
 
 GENDERS = ("feminine", "masculine")
+# The longest line (a sentence pair, a TSV row, a JSON object, a summarization article) read.
+MAX_LINE_BYTES = 1 << 20
 
 
 class DataError(ValueError):
@@ -91,24 +103,69 @@ def _path(name: str) -> Path:
     return path
 
 
+def _file_kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def _open_regular(path: Path):
+    """The file, opened for binary reading, or a DataError when it is not a regular file. Opened
+    non-blocking and checked on the descriptor, so a FIFO can neither block the open nor be
+    swapped in after a check by name."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise DataError(f"{path}: cannot open: {exc.strerror or type(exc).__name__}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise DataError(f"{path}: {_file_kind(mode)}, not a regular file; data must be files")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
+
+
 def _raw_lines(path: Path) -> Iterator[str]:
-    """Decoded lines with their terminators; errors name the file and the exact line."""
-    # Binary iteration splits on b"\n" only: a stray \r inside a sentence (common in crawled
+    """Decoded lines with their terminators; errors name the file and the exact line, never its text."""
+    # Binary reading splits on b"\n" only: a stray \r inside a sentence (common in crawled
     # corpora) must not split it and shift every later line of a line-aligned pair. Decoding
     # line by line is also what makes the line number of a bad byte exact.
-    opener = gzip.open if path.name.endswith(".gz") else open
+    f = _open_regular(path)
     try:
-        with opener(path, "rb") as f:
-            for lineno, raw in enumerate(f, 1):
-                if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
-                    raw = raw[len(codecs.BOM_UTF8):]
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise DataError(f"{path}:{lineno}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-                yield line
-    except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError
-        raise DataError(f"{path}: cannot read: {exc}") from None
+        if path.name.endswith(".gz"):
+            f = gzip.GzipFile(fileobj=f, mode="rb")
+        lineno = 0
+        while True:
+            raw = f.readline(MAX_LINE_BYTES + 1)
+            if not raw:
+                return
+            lineno += 1
+            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                raise DataError(f"{path}:{lineno}: line longer than {MAX_LINE_BYTES} bytes (1 MiB); "
+                                "is this a text corpus?")
+            if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
+                raw = raw[len(codecs.BOM_UTF8):]
+            nul = raw.find(b"\0")
+            if nul >= 0:
+                raise DataError(f"{path}:{lineno}: a NUL byte at byte {nul}: binary data, not text")
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(f"{path}:{lineno}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+            yield line
+    except gzip.BadGzipFile:  # its message quotes the file's first bytes
+        raise DataError(f"{path}: not a gzip file (the name ends in .gz)") from None
+    except (EOFError, zlib.error):
+        raise DataError(f"{path}: corrupt or truncated gzip data") from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read: {exc.strerror or type(exc).__name__}") from None
+    finally:
+        f.close()
 
 
 def _lines(path: Path) -> Iterator[str]:
@@ -185,9 +242,10 @@ def _read_table(src: DataSource, data: DataSpec) -> list[Example]:
         wanted = [src.source_column, src.target_column] + ([src.lang_column] if src.lang_column else [])
         missing = [name for name in wanted if name not in header]
         if missing:
+            # The spec's names only: the header row is the file's text.
             raise DataError(
-                f"{src.path}: no column {', '.join(map(repr, missing))}; "
-                f"the header has {', '.join(map(repr, header))}"
+                f"{src.path}:1: no column {', '.join(map(repr, missing))} in the header row "
+                f"({len(header)} column{'s' * (len(header) != 1)})"
             )
         s_i, t_i = header.index(src.source_column), header.index(src.target_column)
         l_i = header.index(src.lang_column) if src.lang_column and not src.target_lang else None
@@ -225,13 +283,17 @@ def _read_jsonl(src: DataSource, data: DataSpec) -> list[Example]:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise DataError(f"{src.path}:{lineno}: invalid JSON: {exc.msg} (column {exc.colno})") from None
+        except RecursionError:
+            raise DataError(f"{src.path}:{lineno}: invalid JSON: nested too deeply") from None
+        except ValueError:  # an integer over Python's digit limit
+            raise DataError(f"{src.path}:{lineno}: invalid JSON: a number with too many digits") from None
         if not isinstance(obj, dict):
             raise DataError(f"{src.path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
         for name in fields:
             if name not in obj:
-                raise DataError(
-                    f"{src.path}:{lineno}: no field {name!r}; the object has {', '.join(map(repr, obj)) or 'none'}"
-                )
+                # The spec's name only: the object's keys are the file's text.
+                raise DataError(f"{src.path}:{lineno}: no field {name!r} in the object ({len(obj)} "
+                                f"field{'s' * (len(obj) != 1)})")
             if not isinstance(obj[name], str):
                 raise DataError(f"{src.path}:{lineno}: field {name!r} is {type(obj[name]).__name__}, not a string")
         lang = fixed or obj[src.lang_column].strip()
