@@ -35,8 +35,6 @@ import os
 import random
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from typing import Any, Callable, Iterator, Mapping, Optional
 
@@ -47,6 +45,7 @@ from kubernetes.client.rest import ApiException
 
 from rosetta_trainer.config import API_VERSION, KIND, ConfigError, MetricsSpec
 from rosetta_operator import progress as pr
+from rosetta_operator import scrape
 from rosetta_operator import status as st
 from rosetta_operator.crd import PHASES
 from rosetta_operator.render import TRAINING_LABEL, render, suspend_patch
@@ -69,8 +68,10 @@ MUTABLE_FIELDS = frozenset({"suspend"})
 ALLOW_HOST_PATH_ENV = "ROSETTA_ALLOW_HOST_PATH"
 PROGRESS_INTERVAL_ENV = "ROSETTA_PROGRESS_INTERVAL"
 DEFAULT_PROGRESS_INTERVAL = 15.0
-# A trainer that does not answer this fast is busy or gone; the next round tries again.
-SCRAPE_TIMEOUT = 3.0
+# A trainer that does not answer this fast is busy or gone; the next round tries again. The whole
+# exchange, not each read (scrape.py); nor is more than SCRAPE_MAX_BYTES of an answer read.
+SCRAPE_TIMEOUT = scrape.TIMEOUT
+SCRAPE_MAX_BYTES = scrape.MAX_BYTES
 DEFAULT_METRICS_PORT = MetricsSpec.model_fields["port"].default
 # Phases whose JobSet may have a live rank 0 to scrape. Not Pending: that is "not every node's job
 # is ready", and no rank logs a step before the whole gang has joined, so a scrape could only say
@@ -98,10 +99,10 @@ STATUS_PATCHES = prometheus_client.Counter(
     "rosetta_operator_status_patches", "TranslationTraining status patches (only sent on change)")
 PROGRESS_SCRAPES = prometheus_client.Counter(
     "rosetta_operator_progress_scrapes", "Scrapes of rank 0's metrics by outcome "
-    "(updated, unchanged, no_pod, unreachable, no_step)", ["outcome"])
+    "(updated, unchanged, no_pod, unreachable, too_large, no_step)", ["outcome"])
 for _phase in (*PHASES, "Unknown"):
     TRAININGS.labels(_phase)  # every phase is exported, 0 when no training is in it
-for _outcome in ("updated", "unchanged", "no_pod", "unreachable", "no_step"):
+for _outcome in ("updated", "unchanged", "no_pod", "unreachable", "too_large", "no_step"):
     PROGRESS_SCRAPES.labels(_outcome)
 
 _handler_state = threading.local()
@@ -729,13 +730,16 @@ def update_progress(api: kubernetes.client.ApiClient, namespace: str, name: str,
     if pod is None:
         return "no_pod"
     try:
-        with urllib.request.urlopen(pr.metrics_url(pod, port), timeout=SCRAPE_TIMEOUT) as resp:
-            text = resp.read().decode("utf-8", errors="replace")
-    except (OSError, urllib.error.URLError, ValueError):
-        return "unreachable"  # starting, busy or gone: keep the last progress
+        text = scrape.get(pr.metrics_url(pod, port), timeout=SCRAPE_TIMEOUT, max_bytes=SCRAPE_MAX_BYTES)
+    except scrape.ScrapeFailed as exc:  # starting, busy or gone (keep the last progress), or not a trainer
+        if exc.notable:
+            logging.getLogger(__name__).warning("progress of %s/%s: %s", namespace, name, exc.reason)
+        return exc.outcome
     try:
         metrics = pr.parse_metrics(text)
-    except ValueError:
+    except Exception:  # whatever the parser makes of a hostile reply; its message would quote the reply
+        logging.getLogger(__name__).warning("progress of %s/%s: rank 0's answer is not Prometheus text",
+                                            namespace, name)
         return "unreachable"
     progress = pr.progress_from(metrics, now=now())
     if progress is None:
