@@ -135,10 +135,10 @@ def _raw_lines(path: Path) -> Iterator[str]:
     # Binary reading splits on b"\n" only: a stray \r inside a sentence (common in crawled
     # corpora) must not split it and shift every later line of a line-aligned pair. Decoding
     # line by line is also what makes the line number of a bad byte exact.
-    f = _open_regular(path)
+    raw_file = f = _open_regular(path)
     try:
         if path.name.endswith(".gz"):
-            f = gzip.GzipFile(fileobj=f, mode="rb")
+            f = gzip.GzipFile(fileobj=raw_file, mode="rb")  # closing it leaves raw_file open
         lineno = 0
         while True:
             raw = f.readline(MAX_LINE_BYTES + 1)
@@ -166,6 +166,7 @@ def _raw_lines(path: Path) -> Iterator[str]:
         raise DataError(f"{path}: cannot read: {exc.strerror or type(exc).__name__}") from None
     finally:
         f.close()
+        raw_file.close()
 
 
 def _lines(path: Path) -> Iterator[str]:
