@@ -8,6 +8,10 @@ scheduler, created by the Job controller for the Jobs the JobSet controller made
 until a test ends their container (`end_pod`) or evicts them.
 
 The operator runs as its own process (`rosetta operator`), watching each test's namespace.
+
+`node_cluster` is a second, smaller cluster whose one node is real (tests/envtest/node.py): kubelet,
+containerd, runc, a CNI bridge, kube-proxy and CoreDNS run the trainer image built from the
+Dockerfile, so the pods there train for real. It starts only when a test asks for it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,13 @@ from support.cluster import Cluster, OperatorProcess, start_control_plane, wait_
 from control_plane import ControlPlaneError, free_port
 from controllers import (EXIT_CODE_ANNOTATION, NODE_POOLS, Kwok, install_crds, start_jobset, start_kueue,
                          start_kwok)
+from control_plane import ControlPlane, find_assets
+from support.images import Images
+import node as real_node
+
+# The release name the operator defaults to: the node knows the image built here by that name too,
+# so the examples run unchanged.
+DEFAULT_TRAINER_IMAGE = "ghcr.io/rosetta-dev/rosetta-trainer:0.1.0"
 
 # The simulated fleet: enough nodes of each shape for every example in manifests/examples.
 FLEET = {"p5": 2, "p4d": 1, "a3": 2, "g5-12x": 2, "g5-4x": 4, "cpu": 2}
@@ -107,6 +118,74 @@ class LiveOperator:
 @pytest.fixture
 def live_operator(live_cluster: LiveCluster, live_namespace: str) -> Iterator[LiveOperator]:
     op = LiveOperator(live_cluster, live_namespace)
+    op.start()
+    try:
+        yield op
+    finally:
+        op.stop()
+
+
+# ------------------------------------------------------------------------ a real node
+
+
+class NodeCluster(Cluster):
+    """A Cluster with one real node: pods run the images built from the Dockerfile."""
+
+    def __init__(self, cp, node: "real_node.RealNode", images: Images):
+        super().__init__(cp)
+        self.node, self.images = node, images
+
+    def pods(self, namespace: str, jobset: str = "") -> list:
+        selector = f"jobset.sigs.k8s.io/jobset-name={jobset}" if jobset else None
+        return self.core.list_namespaced_pod(namespace, label_selector=selector).items
+
+
+@pytest.fixture(scope="session")
+def node_cluster(images: Images) -> Iterator[NodeCluster]:
+    from rosetta_operator.crd import build_crd
+
+    try:
+        real_node.install_packages()
+        assets = find_assets()
+        real_node.prepare_network()
+    except ControlPlaneError as exc:
+        pytest.fail(f"real node: {exc}", pytrace=False)
+    cp = ControlPlane(assets, address=real_node.NODE_IP)
+    node = None
+    try:
+        cp.start()
+        install_crds(cp, assets, components=("jobset",), extra=[build_crd()])
+        cp.start_controller_manager()
+        cp.start_scheduler()
+        start_jobset(cp, assets)
+        node = real_node.RealNode(cp, assets)
+        node.start()
+        real_node.deploy_coredns(cp, node)
+        node.load_image(images.trainer, DEFAULT_TRAINER_IMAGE)
+        node.load_image(images.operator)
+        yield NodeCluster(cp, node, images)
+    except ControlPlaneError as exc:
+        pytest.fail(f"real node: {exc}", pytrace=False)
+    finally:
+        if node is not None:
+            node.stop()
+        cp.stop()
+        real_node.remove_network()
+
+
+@pytest.fixture
+def node_namespace(node_cluster: NodeCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    with node_cluster.test_namespace(request.node.name) as name:
+        yield name
+    # One node, two CPUs: the next test's pods need this one's gone.
+    wait_for(lambda: not node_cluster.pods(name), f"the pods of namespace {name} to be gone", 120)
+
+
+@pytest.fixture
+def node_operator(node_cluster: NodeCluster, node_namespace: str) -> Iterator[LiveOperator]:
+    """The operator as a host process, as in the other cluster tests: the host reaches pod IPs on the
+    node's bridge, so its progress scraper reads the live pods' metrics endpoints."""
+    op = LiveOperator(node_cluster, node_namespace)
     op.start()
     try:
         yield op

@@ -115,6 +115,9 @@ class RealNode:
     # ------------------------------------------------------------------- lifecycle
 
     def start(self) -> None:
+        # What a killed test session left behind: its pods' processes and sandbox mounts.
+        _kill_pod_processes()
+        self._unmount_all(STATE)
         try:
             self._start_containerd()
             self._load_pause()
@@ -137,6 +140,8 @@ class RealNode:
         self._kill_containers()
         self._stop_proc("containerd")
         self._unmount_all(self.kubelet_root)
+        self._unmount_all(STATE)  # sandboxes' /dev/shm mounts
+        shutil.rmtree(STATE, ignore_errors=True)
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _drain(self, timeout: float = 120) -> None:
@@ -144,6 +149,8 @@ class RealNode:
 
         api = kubernetes.config.new_client_from_config(config_file=str(self.cp.kubeconfig))
         core = kubernetes.client.CoreV1Api(api)
+        # Cordoned first, as `kubectl drain` does: a Deployment's replacement pods must not come back.
+        core.patch_node(NODE_NAME, {"spec": {"unschedulable": True}})
         selector = f"spec.nodeName={NODE_NAME}"
         for pod in core.list_pod_for_all_namespaces(field_selector=selector).items:
             core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, grace_period_seconds=5)
@@ -174,6 +181,7 @@ class RealNode:
         out = _run("pgrep", "-f", f"containerd-shim-runc-v2 .*-address {self.socket}", check=False).stdout
         for pid in out.split():
             _run("kill", "-9", pid, check=False)
+        _kill_pod_processes()
 
     @staticmethod
     def _unmount_all(root: Path) -> None:
@@ -335,6 +343,20 @@ state = '{STATE / "state"}'
         self.cp.spawn("kube-proxy", [str(self.assets.bin("kube-proxy")), f"--config={config}", "--v=1"])
         time.sleep(1)
         self.cp.check_alive("kube-proxy")
+
+
+def _kill_pod_processes() -> None:
+    """SIGKILL every process in the kubelet's pod cgroups (shims killed first leave them orphaned)."""
+    for procs in Path("/sys/fs/cgroup").glob("*/kubepods/**/cgroup.procs"):
+        try:
+            pids = procs.read_text().split()
+        except OSError:
+            continue
+        for pid in pids:
+            try:
+                os.kill(int(pid), 9)
+            except (ProcessLookupError, PermissionError, ValueError):
+                pass
 
 
 def _negative_oom_refused() -> bool:

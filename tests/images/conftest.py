@@ -5,14 +5,12 @@
 from __future__ import annotations
 
 import socket
-import subprocess
-import time
-import urllib.request
 from typing import Iterator
 
 import pytest
 
 from support.images import HERE
+from support.servers import server
 
 
 def _free_port() -> int:
@@ -26,28 +24,7 @@ def local_registry(docker_engine, tmp_path_factory) -> Iterator[str]:
     """127.0.0.1:PORT, a docker-registry (Debian's package) with its blobs in a temp dir."""
     storage = tmp_path_factory.mktemp("registry")
     port = _free_port()
-    log = (storage / "registry.log").open("w")
-    proc = subprocess.Popen(["bash", str(HERE / "local-registry.sh"), str(port), str(storage)],
-                            stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 300  # the first call may install the package
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"registry did not answer: {(storage / 'registry.log').read_text()[-2000:]}",
-                            pytrace=False)
-            time.sleep(0.5)
+    argv = ["bash", str(HERE / "local-registry.sh"), str(port), str(storage)]
+    # The first call may install the package.
+    with server(argv, storage / "registry.log", f"http://127.0.0.1:{port}/v2/", "registry", timeout=300):
         yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()

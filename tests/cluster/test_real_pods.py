@@ -1,0 +1,215 @@
+"""Trainings on a real node: the trainer image built from the Dockerfile, started by the kubelet through
+containerd and runc, two pods on the CNI bridge finding rank 0 through CoreDNS at the JobSet's name,
+checkpoints on a ReadWriteMany volume. Nothing is simulated: the pods train, fail, restart and finish.
+
+Marked slow: a real training per test (minutes on two CPUs).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from support.cluster import wait_for
+from workloads import status
+
+import node as real_node
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+
+REPO = Path(__file__).resolve().parents[2]
+QUICKSTART = REPO / "manifests" / "examples" / "quickstart-cpu.yaml"
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+
+
+def kubectl(cluster, *args: str, stdin: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([cluster.kubectl, "--kubeconfig", cluster.kubeconfig, *args], input=stdin,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def documents(path: Path) -> dict[str, dict]:
+    return {d["kind"]: d for d in yaml.safe_load_all(path.read_text()) if d}
+
+
+def shared_volume(cluster, namespace: str, claim: str, folder: Path) -> Path:
+    """A ReadWriteMany PersistentVolume on a node directory, reserved for `claim` in `namespace`: what an
+    EFS or Filestore class provisions on a cloud cluster. The example's own claim binds to it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    folder.chmod(0o777)  # the trainer runs as UID 10001; a hostPath volume gets no fsGroup ownership
+    cluster.core.create_persistent_volume({
+        "metadata": {"name": f"{namespace}-{claim}"[:63]},
+        "spec": {"capacity": {"storage": "10Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "",
+                 "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(folder)},
+                 "claimRef": {"namespace": namespace, "name": claim}}})
+    return folder
+
+
+def running_pods(cluster, namespace: str, jobset: str) -> list:
+    return [p for p in cluster.pods(namespace, jobset)
+            if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+
+
+def progress(cluster, namespace: str, name: str) -> dict:
+    return status(cluster, namespace, name).get("progress") or {}
+
+
+def pod_log(cluster, namespace: str, pod: str) -> str:
+    return kubectl(cluster, "logs", "-n", namespace, pod, "--tail", "40").stdout
+
+
+def test_quickstart_cpu_trains_on_two_real_pods_and_resumes_after_one_is_deleted(
+        node_cluster, node_namespace, node_operator, tmp_path):
+    docs = documents(QUICKSTART)
+    name = docs["TranslationTraining"]["metadata"]["name"]
+    checkpoint_every = docs["TranslationTraining"]["spec"]["checkpoint"]["interval"]
+    storage = shared_volume(node_cluster, node_namespace, docs["PersistentVolumeClaim"]["metadata"]["name"],
+                            tmp_path / "rwx")
+    applied = kubectl(node_cluster, "apply", "-n", node_namespace, "-f", str(QUICKSTART))
+    assert applied.returncode == 0, applied.stderr
+
+    pods = wait_for(lambda: (p := running_pods(node_cluster, node_namespace, name)) and len(p) == 2 and p,
+                    "both pods Running on the real node", timeout=300)
+    subnet = ipaddress.ip_network(real_node.POD_SUBNET)
+    addresses = {p.status.pod_ip for p in pods}
+    assert len(addresses) == 2 and all(ipaddress.ip_address(a) in subnet for a in addresses), addresses
+    assert {p.spec.node_name for p in pods} == {real_node.NODE_NAME}
+
+    # Rank 1 found rank 0 by the JobSet's DNS name, the gradients cross the bridge, and the
+    # operator's scraper reads rank 0's live metrics endpoint into the status.
+    wait_for(lambda: progress(node_cluster, node_namespace, name).get("step", 0) > 0,
+             f"training progress in {name}'s status", timeout=300)
+    saved = wait_for(lambda: progress(node_cluster, node_namespace, name).get("lastCheckpointStep", 0)
+                     >= checkpoint_every and progress(node_cluster, node_namespace, name)["lastCheckpointStep"],
+                     f"a checkpoint at step {checkpoint_every}", timeout=900)
+
+    victim = next(p for p in running_pods(node_cluster, node_namespace, name)
+                  if (p.metadata.annotations or {}).get(COMPLETION_INDEX) == "1")
+    deleted = kubectl(node_cluster, "delete", "pod", "-n", node_namespace, victim.metadata.name, "--wait=false")
+    assert deleted.returncode == 0, deleted.stderr
+
+    done = wait_for(lambda: (s := status(node_cluster, node_namespace, name)).get("phase") in ("Succeeded", "Failed")
+                    and s, f"{name} to finish", timeout=1500)
+    assert done["phase"] == "Succeeded", (done, pod_log(node_cluster, node_namespace, victim.metadata.name))
+    assert done.get("restarts") == 1, done  # the deleted pod's gang restart, within maxRestarts: 1
+
+    summary = json.loads((storage / name / "summary.json").read_text())
+    assert summary["restart_attempt"] == 1
+    resumed = summary["resumed_from_step"]
+    # The restarted gang went on from the checkpoint the deleted pod and its peer wrote when SIGTERM
+    # came, not from step 0 nor from the periodic checkpoint before it.
+    assert resumed and resumed > saved, (saved, summary)
+    assert summary["steps"] == docs["TranslationTraining"]["spec"]["training"]["maxSteps"]
+
+    # The status ends with the run's own final figures (rank 0's termination message), not with
+    # whatever the last scrape before the pods exited saw.
+    bleu = done["progress"]["bleu"]
+    assert done["progress"]["step"] == summary["steps"] and bleu == round(summary["final_bleu"], 4) > 0, done
+    listed = kubectl(node_cluster, "get", "tt", "-n", node_namespace, name)
+    assert "Succeeded" in listed.stdout and f"{bleu:g}"[:3] in listed.stdout, listed.stdout
+
+
+def small_training(namespace: str, name: str) -> dict:
+    """The quickstart on one pod, a few dozen steps: enough for a checkpoint, an evaluation and BLEU."""
+    doc = documents(QUICKSTART)["TranslationTraining"]
+    doc["metadata"] = {"name": name, "namespace": namespace}
+    spec = doc["spec"]
+    spec.update(nodes=1, volumes=[])  # one pod: its own emptyDir is all the storage it needs
+    spec["data"]["train"] = [{"format": "generated", "size": 2000, "seed": 1}]
+    spec["training"].update(maxSteps=30, warmupSteps=10, logInterval=5)
+    spec["checkpoint"]["interval"] = 30
+    spec["evaluation"].update(interval=10, maxSamples=40)
+    return doc
+
+
+def test_chart_runs_the_operator_image_in_the_cluster_and_prometheus_scrapes_it(
+        node_cluster, node_namespace, tmp_path):
+    from test_helm_install import CHART, helm
+    from support.prometheus import prometheus
+
+    ns = node_namespace
+    repository, tag = node_cluster.images.operator.split(":")
+    installed = helm(node_cluster, tmp_path, "install", "rosetta", str(CHART), "--namespace", ns,
+                     "--set", "crd.install=false", "--set", f"watchNamespaces={{{ns}}}",
+                     "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
+                     "--set", "image.pullPolicy=Never", "--set", "operator.extraArgs={--progress-interval=2}",
+                     "--wait", "--timeout", "180s")
+    assert installed.returncode == 0, installed.stderr + kubectl(node_cluster, "describe", "pods", "-n", ns).stdout
+
+    import kubernetes
+    apps = kubernetes.client.AppsV1Api(node_cluster.api)
+    (deployment,) = apps.list_namespaced_deployment(ns).items
+    assert deployment.status.available_replicas == 1  # a real pod of the operator image, Ready
+    (operator_pod,) = [p for p in node_cluster.pods(ns) if p.metadata.name.startswith(deployment.metadata.name)]
+    assert operator_pod.spec.node_name == real_node.NODE_NAME
+
+    (service,) = node_cluster.core.list_namespaced_service(ns).items  # the chart's metrics Service
+    port = next(p.port for p in service.spec.ports if p.name == "metrics")
+    with prometheus({"rosetta-operator": [f"{service.spec.cluster_ip}:{port}"]}, tmp_path / "prometheus") as prom:
+        node_cluster.create_training(ns, small_training(ns, "charted"))
+        # The operator in its pod reaches the API through the kubernetes Service (kube-proxy), creates
+        # the JobSet, and its progress scraper reads the trainer pod's endpoint across the pod network.
+        done = wait_for(lambda: (s := status(node_cluster, ns, "charted")).get("phase") in ("Succeeded", "Failed")
+                        and s, "the training to finish", timeout=600)
+        assert done["phase"] == "Succeeded", done
+        assert done["progress"]["bleu"] >= 0 and done["progress"]["step"] == 30
+
+        # Prometheus scrapes the operator's pod through its metrics Service.
+        def scraped() -> float | None:
+            return prom.value('rosetta_operator_trainings{job="rosetta-operator",phase="Succeeded"}')
+        assert wait_for(scraped, "the operator's Succeeded gauge in Prometheus", timeout=90) == 1
+        assert prom.value('up{job="rosetta-operator"}') == 1
+        assert prom.value('sum(rosetta_operator_progress_scrapes_total{outcome="updated"})') >= 1
+
+    logs = kubectl(node_cluster, "logs", "-n", ns, f"deployment/{deployment.metadata.name}").stdout
+    # As in test_helm_install: only kopf's cluster-wide namespace listing may be refused.
+    denied = [line for line in logs.splitlines() if "Forbidden" in line and "/api/v1/namespaces ->" not in line]
+    assert not denied, "\n".join(denied[:5])
+
+
+def test_summarization_with_zero3_and_offload_trains_on_two_real_pods(node_cluster, node_namespace, node_operator,
+                                                                     tmp_path):
+    """The ZeRO-3 + CPU-offload summarization scenario, CPU-sized: the engine settings of
+    t5-summarization-zero3-2x4.yaml on the model and data of examples/summarization.yaml. DeepSpeed
+    compiles its CPU Adam inside the pods (the image's compiler) and every rank writes its shard of
+    each checkpoint onto the shared volume."""
+    ns = node_namespace
+    doc = documents(REPO / "examples" / "summarization.yaml")["TranslationTraining"]
+    scenario = documents(REPO / "manifests" / "examples" / "t5-summarization-zero3-2x4.yaml")["TranslationTraining"]
+    spec = doc["spec"]
+    spec["distributed"] = scenario["spec"]["distributed"]
+    assert spec["distributed"]["zeroStage"] == 3 and spec["distributed"]["offload"]["optimizer"] == "cpu"
+    # Room for DeepSpeed compiling its ops beside the trainer (cc1plus takes 1-2 GB per job).
+    spec["resources"] = {"cpu": 1, "memory": "6Gi", "shmSize": "1Gi"}
+    spec["data"]["train"] = [{"format": "generated", "size": 2000, "seed": 1}]
+    spec["training"].update(maxSteps=40, warmupSteps=10, logInterval=5, device="cpu")
+    spec["checkpoint"]["interval"] = 20
+    spec["evaluation"].update(interval=20, maxSamples=30)
+    spec["metrics"] = {"port": 9400}
+    name = doc["metadata"]["name"]
+    claim = spec["volumes"][0]["persistentVolumeClaim"]["claimName"]
+    storage = shared_volume(node_cluster, ns, claim, tmp_path / "rwx")
+    node_cluster.core.create_namespaced_persistent_volume_claim(ns, {
+        "metadata": {"name": claim},
+        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}})
+    applied = kubectl(node_cluster, "apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(doc))
+    assert applied.returncode == 0, applied.stderr
+
+    done = wait_for(lambda: (s := status(node_cluster, ns, name)).get("phase") in ("Succeeded", "Failed") and s,
+                    f"{name} to finish", timeout=1500)
+    pods = node_cluster.pods(ns, name)
+    assert done["phase"] == "Succeeded", (done, [pod_log(node_cluster, ns, p.metadata.name) for p in pods])
+    summary = json.loads((storage / name / "summary.json").read_text())
+    assert summary["steps"] == 40
+    config = json.loads((storage / name / "deepspeed_config.json").read_text())
+    assert config["zero_optimization"]["stage"] == 3
+    assert config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    # Both ranks wrote their ZeRO-3 partitions into the last checkpoint on the shared volume.
+    final = sorted((storage / name / "checkpoints").glob("step-*"))[-1]
+    shards = {p.name for p in final.rglob("*optim_states.pt")}
+    assert len(shards) == 2, (final, shards)
+    assert "rougeL" in json.dumps(summary)
