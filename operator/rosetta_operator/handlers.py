@@ -488,27 +488,28 @@ def observe(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str, 
 def final_figures(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str) -> Optional[dict]:
     """What rank 0 reported as it finished (its termination message): the progress scrapes stop
     with the pods, usually before the last evaluation is seen."""
-    try:
-        pods = kubernetes.client.CoreV1Api(api).list_namespaced_pod(
-            namespace, label_selector=f"{pr.JOBSET_NAME_LABEL}={jobset_name}")
-    except ApiException as exc:
-        logging.getLogger(__name__).warning("cannot list the pods of JobSet %s/%s for the final result: %s",
-                                            namespace, jobset_name, exc.reason)
-        return None
-    return pr.final_result((api.sanitize_for_serialization(p) for p in pods.items), jobset_name)
+    pods = jobset_pods(api, namespace, jobset_name, "for the final result")
+    return None if pods is None else pr.final_result(pods, jobset_name)
 
 
 def data_error(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str) -> Optional[str]:
     """The trainer's data error from a failed pod's termination message, if that is why it failed."""
+    # Without the pods the JobSet's own failure handling still applies: mirror that.
+    pods = jobset_pods(api, namespace, jobset_name, "for a data error")
+    return None if pods is None else st.data_invalid_message(pods)
+
+
+def jobset_pods(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str,
+                purpose: str) -> Optional[list[dict]]:
+    """The JobSet's pods as plain dicts; None (logged) when the API refuses the list."""
     try:
         pods = kubernetes.client.CoreV1Api(api).list_namespaced_pod(
             namespace, label_selector=f"{pr.JOBSET_NAME_LABEL}={jobset_name}")
     except ApiException as exc:
-        # Without the pods the JobSet's own failure handling still applies: mirror that.
-        logging.getLogger(__name__).warning("cannot list the pods of JobSet %s/%s: %s",
-                                            namespace, jobset_name, exc.reason)
+        logging.getLogger(__name__).warning("cannot list the pods of JobSet %s/%s %s: %s",
+                                            namespace, jobset_name, purpose, exc.reason)
         return None
-    return st.data_invalid_message(api.sanitize_for_serialization(p) for p in pods.items)
+    return [api.sanitize_for_serialization(p) for p in pods.items]
 
 
 # ------------------------------------------------------------------ Kueue and the scheduler

@@ -110,6 +110,17 @@ def _index(pod: Mapping) -> Optional[str]:
     return (meta.get("annotations") or {}).get(COMPLETION_INDEX) or (meta.get("labels") or {}).get(COMPLETION_INDEX)
 
 
+def _is_rank0(pod: Mapping, jobset_name: str) -> bool:
+    """Completion index 0 of the JobSet's (single) job."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return (labels.get(JOBSET_NAME_LABEL) == jobset_name and _index(pod) == "0"
+            and labels.get(JOB_INDEX_LABEL, "0") == "0")
+
+
+def _created(pod: Mapping) -> str:
+    return str((pod.get("metadata") or {}).get("creationTimestamp") or "")
+
+
 def rank0_pod(pods: Iterable[Mapping], jobset_name: str) -> Optional[Mapping]:
     """Rank 0's pod of a JobSet: completion index 0 of its (single) job, with an IP, not leaving.
 
@@ -117,19 +128,13 @@ def rank0_pod(pods: Iterable[Mapping], jobset_name: str) -> Optional[Mapping]:
     """
     candidates = []
     for pod in pods:
-        meta = pod.get("metadata") or {}
-        labels = meta.get("labels") or {}
-        if labels.get(JOBSET_NAME_LABEL) != jobset_name or _index(pod) != "0":
-            continue
-        if labels.get(JOB_INDEX_LABEL, "0") != "0" or meta.get("deletionTimestamp"):
+        if not _is_rank0(pod, jobset_name) or (pod.get("metadata") or {}).get("deletionTimestamp"):
             continue
         status = pod.get("status") or {}
         if not status.get("podIP") or status.get("phase") in ("Succeeded", "Failed"):
             continue
         candidates.append(pod)
-    if not candidates:
-        return None
-    return max(candidates, key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp") or ""))
+    return max(candidates, key=_created) if candidates else None
 
 
 def final_result(pods: Iterable[Mapping], jobset_name: str) -> Optional[dict]:
@@ -137,15 +142,12 @@ def final_result(pods: Iterable[Mapping], jobset_name: str) -> Optional[dict]:
     from the newest rank-0 pod of the JobSet that has them; None when none did."""
     found = []
     for pod in pods:
-        meta = pod.get("metadata") or {}
-        labels = meta.get("labels") or {}
-        if labels.get(JOBSET_NAME_LABEL) != jobset_name or _index(pod) != "0":
+        if not _is_rank0(pod, jobset_name):
             continue
         for container in (pod.get("status") or {}).get("containerStatuses") or []:
-            message = (((container.get("state") or {}).get("terminated")) or {}).get("message") or ""
-            figures = parse_result(message)
+            figures = parse_result(((container.get("state") or {}).get("terminated") or {}).get("message") or "")
             if figures:
-                found.append((str(meta.get("creationTimestamp") or ""), figures))
+                found.append((_created(pod), figures))
     return max(found, key=lambda f: f[0])[1] if found else None
 
 

@@ -20,16 +20,11 @@ from typing import Iterator
 
 import pytest
 from support.cluster import Cluster, OperatorProcess, start_control_plane, wait_for
-from control_plane import ControlPlaneError, free_port
+from control_plane import ControlPlane, ControlPlaneError, find_assets, free_port
 from controllers import (EXIT_CODE_ANNOTATION, NODE_POOLS, Kwok, install_crds, start_jobset, start_kueue,
                          start_kwok)
-from control_plane import ControlPlane, find_assets
 from support.images import Images
 import node as real_node
-
-# The release name the operator defaults to: the node knows the image built here by that name too,
-# so the examples run unchanged.
-DEFAULT_TRAINER_IMAGE = "ghcr.io/rosetta-dev/rosetta-trainer:0.1.0"
 
 # The simulated fleet: enough nodes of each shape for every example in manifests/examples.
 FLEET = {"p5": 2, "p4d": 1, "a3": 2, "g5-12x": 2, "g5-4x": 4, "cpu": 2}
@@ -143,6 +138,7 @@ class NodeCluster(Cluster):
 @pytest.fixture(scope="session")
 def node_cluster(images: Images) -> Iterator[NodeCluster]:
     from rosetta_operator.crd import build_crd
+    from rosetta_operator.spec import DEFAULT_IMAGE
 
     try:
         real_node.install_packages()
@@ -161,7 +157,8 @@ def node_cluster(images: Images) -> Iterator[NodeCluster]:
         node = real_node.RealNode(cp, assets)
         node.start()
         real_node.deploy_coredns(cp, node)
-        node.load_image(images.trainer, DEFAULT_TRAINER_IMAGE)
+        # Also under the image name the operator defaults to, so the examples run unchanged.
+        node.load_image(images.trainer, DEFAULT_IMAGE)
         node.load_image(images.operator)
         yield NodeCluster(cp, node, images)
     except ControlPlaneError as exc:

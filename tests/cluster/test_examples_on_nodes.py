@@ -5,22 +5,16 @@ to a node of the instance type its profile or nodeSelector asks for, and kwok ru
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
 from support.cluster import wait_for
-from workloads import in_namespace, jobset, kueue_queue, provision, running_pods, status, training_doc
+from workloads import in_namespace, jobset, kubectl, kueue_queue, provision, running_pods, status, training_doc
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "manifests" / "examples").glob("*.yaml"))
-
-
-def kubectl(cluster, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([cluster.kubectl, "--kubeconfig", cluster.kubeconfig, *args], input=stdin,
-                          capture_output=True, text=True, timeout=60)
 
 
 def gpus_of(pod_spec) -> int:

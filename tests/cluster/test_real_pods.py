@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
 from support.cluster import wait_for
-from workloads import status
+from workloads import bound_claim, bound_volume, documents, kubectl, running_pods, status
 
 import node as real_node
 
@@ -25,33 +24,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "manifests" / "examples" / "quickstart-cpu.yaml"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
-
-
-def kubectl(cluster, *args: str, stdin: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([cluster.kubectl, "--kubeconfig", cluster.kubeconfig, *args], input=stdin,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def documents(path: Path) -> dict[str, dict]:
-    return {d["kind"]: d for d in yaml.safe_load_all(path.read_text()) if d}
-
-
-def shared_volume(cluster, namespace: str, claim: str, folder: Path) -> Path:
-    """A ReadWriteMany PersistentVolume on a node directory, reserved for `claim` in `namespace`: what an
-    EFS or Filestore class provisions on a cloud cluster. The example's own claim binds to it."""
-    folder.mkdir(parents=True, exist_ok=True)
-    folder.chmod(0o777)  # the trainer runs as UID 10001; a hostPath volume gets no fsGroup ownership
-    cluster.core.create_persistent_volume({
-        "metadata": {"name": f"{namespace}-{claim}"[:63]},
-        "spec": {"capacity": {"storage": "10Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "",
-                 "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(folder)},
-                 "claimRef": {"namespace": namespace, "name": claim}}})
-    return folder
-
-
-def running_pods(cluster, namespace: str, jobset: str) -> list:
-    return [p for p in cluster.pods(namespace, jobset)
-            if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
 
 
 def progress(cluster, namespace: str, name: str) -> dict:
@@ -67,8 +39,8 @@ def test_quickstart_cpu_trains_on_two_real_pods_and_resumes_after_one_is_deleted
     docs = documents(QUICKSTART)
     name = docs["TranslationTraining"]["metadata"]["name"]
     checkpoint_every = docs["TranslationTraining"]["spec"]["checkpoint"]["interval"]
-    storage = shared_volume(node_cluster, node_namespace, docs["PersistentVolumeClaim"]["metadata"]["name"],
-                            tmp_path / "rwx")
+    storage = tmp_path / "rwx"  # the example's own claim binds to this volume
+    bound_volume(node_cluster, node_namespace, docs["PersistentVolumeClaim"]["metadata"]["name"], storage)
     applied = kubectl(node_cluster, "apply", "-n", node_namespace, "-f", str(QUICKSTART))
     assert applied.returncode == 0, applied.stderr
 
@@ -113,7 +85,7 @@ def test_quickstart_cpu_trains_on_two_real_pods_and_resumes_after_one_is_deleted
     assert "Succeeded" in listed.stdout and f"{bleu:g}"[:3] in listed.stdout, listed.stdout
 
 
-def small_training(namespace: str, name: str) -> dict:
+def one_pod_training(namespace: str, name: str) -> dict:
     """The quickstart on one pod, a few dozen steps: enough for a checkpoint, an evaluation and BLEU."""
     doc = documents(QUICKSTART)["TranslationTraining"]
     doc["metadata"] = {"name": name, "namespace": namespace}
@@ -150,7 +122,7 @@ def test_chart_runs_the_operator_image_in_the_cluster_and_prometheus_scrapes_it(
     (service,) = node_cluster.core.list_namespaced_service(ns).items  # the chart's metrics Service
     port = next(p.port for p in service.spec.ports if p.name == "metrics")
     with prometheus({"rosetta-operator": [f"{service.spec.cluster_ip}:{port}"]}, tmp_path / "prometheus") as prom:
-        node_cluster.create_training(ns, small_training(ns, "charted"))
+        node_cluster.create_training(ns, one_pod_training(ns, "charted"))
         # The operator in its pod reaches the API through the kubernetes Service (kube-proxy), creates
         # the JobSet, and its progress scraper reads the trainer pod's endpoint across the pod network.
         done = wait_for(lambda: (s := status(node_cluster, ns, "charted")).get("phase") in ("Succeeded", "Failed")
@@ -192,10 +164,8 @@ def test_summarization_with_zero3_and_offload_trains_on_two_real_pods(node_clust
     spec["metrics"] = {"port": 9400}
     name = doc["metadata"]["name"]
     claim = spec["volumes"][0]["persistentVolumeClaim"]["claimName"]
-    storage = shared_volume(node_cluster, ns, claim, tmp_path / "rwx")
-    node_cluster.core.create_namespaced_persistent_volume_claim(ns, {
-        "metadata": {"name": claim},
-        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}})
+    storage = tmp_path / "rwx"
+    bound_claim(node_cluster, ns, claim, folder=storage)
     applied = kubectl(node_cluster, "apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(doc))
     assert applied.returncode == 0, applied.stderr
 

@@ -5,6 +5,7 @@ its PriorityClass and Kueue queues. Plus small readers of the state the tests wa
 from __future__ import annotations
 
 import copy
+import subprocess
 from pathlib import Path
 from typing import Any, Optional
 
@@ -31,14 +32,26 @@ def provision(cluster, namespace: str, doc: dict) -> None:
             {"metadata": {"name": priority}, "value": 1000}))
 
 
-def bound_claim(cluster, namespace: str, claim: str, size: str = "10Gi") -> None:
-    """A ReadWriteMany claim bound to a hostPath volume made for it (the PV controller binds them)."""
+def bound_volume(cluster, namespace: str, claim: str, folder: Optional[Path] = None, size: str = "10Gi") -> str:
+    """A ReadWriteMany hostPath PersistentVolume reserved for `claim` in `namespace` (what an EFS or
+    Filestore class provisions on a cloud cluster); returns its name. `folder` is the node directory
+    behind it, made writable for the trainer's UID (a hostPath volume gets no fsGroup ownership)."""
     pv = f"{namespace}-{claim}"[:63]
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        folder.chmod(0o777)
+    path = str(folder or f"/tmp/rosetta-pv/{pv}")
     _create(lambda: cluster.core.create_persistent_volume({
         "metadata": {"name": pv},
         "spec": {"capacity": {"storage": size}, "accessModes": ["ReadWriteMany"], "storageClassName": "",
-                 "persistentVolumeReclaimPolicy": "Delete", "hostPath": {"path": f"/tmp/rosetta-pv/{pv}"},
+                 "persistentVolumeReclaimPolicy": "Delete", "hostPath": {"path": path},
                  "claimRef": {"namespace": namespace, "name": claim}}}))
+    return pv
+
+
+def bound_claim(cluster, namespace: str, claim: str, size: str = "10Gi", folder: Optional[Path] = None) -> None:
+    """A ReadWriteMany claim bound to a hostPath volume made for it (the PV controller binds them)."""
+    pv = bound_volume(cluster, namespace, claim, folder, size)
     _create(lambda: cluster.core.create_namespaced_persistent_volume_claim(namespace, {
         "metadata": {"name": claim},
         "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": pv,
@@ -74,14 +87,21 @@ def _create(call) -> None:
             raise
 
 
-def training_doc(path) -> dict:
-    """The TranslationTraining of an example file (some ship the PersistentVolumeClaim they mount
-    in the same file, as another document)."""
+def documents(path) -> dict[str, dict]:
+    """An example file's documents by kind (some ship the PersistentVolumeClaim they mount beside
+    the TranslationTraining)."""
     import yaml
 
-    docs = [d for d in yaml.safe_load_all(Path(path).read_text()) if d]
-    (training,) = [d for d in docs if d.get("kind") == "TranslationTraining"]
-    return training
+    return {d["kind"]: d for d in yaml.safe_load_all(Path(path).read_text()) if d}
+
+
+def training_doc(path) -> dict:
+    return documents(path)["TranslationTraining"]
+
+
+def kubectl(cluster, *args: str, stdin: Optional[str] = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([cluster.kubectl, "--kubeconfig", cluster.kubeconfig, *args], input=stdin,
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def in_namespace(doc: dict, namespace: str, name: Optional[str] = None) -> dict:

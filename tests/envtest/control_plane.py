@@ -244,15 +244,21 @@ class ControlPlane:
         time.sleep(0.5)
         self.check_alive("kube-scheduler")
 
-    def stop_apiserver(self) -> None:
-        """SIGTERM the kube-apiserver alone (etcd keeps the state), as a rolling upgrade does."""
-        proc = self.procs.pop("kube-apiserver")
+    def stop_process(self, name: str, grace: float = 30) -> None:
+        """SIGTERM one process, SIGKILL after `grace` seconds; the others keep running."""
+        proc = self.procs.pop(name, None)
+        if proc is None or proc.poll() is not None:
+            return
         proc.terminate()
         try:
-            proc.wait(30)
+            proc.wait(grace)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+    def stop_apiserver(self) -> None:
+        """SIGTERM the kube-apiserver alone (etcd keeps the state), as a rolling upgrade does."""
+        self.stop_process("kube-apiserver")
 
     def start_apiserver(self, timeout: float = 60) -> None:
         """A new kube-apiserver on the same port, certificates and token: clients need no change."""
@@ -266,14 +272,7 @@ class ControlPlane:
 
     def stop(self) -> None:
         for name in reversed(list(self.procs)):
-            proc = self.procs.pop(name)
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            self.stop_process(name, grace=10)
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 

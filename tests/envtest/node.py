@@ -135,10 +135,10 @@ class RealNode:
             except Exception:  # noqa: BLE001 - teardown goes on; leftovers are removed below
                 pass
         for name in ("kube-proxy", "kubelet"):
-            self._stop_proc(name)
+            self.cp.stop_process(name)
         _run(str(self.assets.bin("kube-proxy")), "--cleanup", check=False)  # its iptables chains
         self._kill_containers()
-        self._stop_proc("containerd")
+        self.cp.stop_process("containerd")
         self._unmount_all(self.kubelet_root)
         self._unmount_all(STATE)  # sandboxes' /dev/shm mounts
         shutil.rmtree(STATE, ignore_errors=True)
@@ -157,16 +157,6 @@ class RealNode:
         wait_until(lambda: not core.list_pod_for_all_namespaces(field_selector=selector).items,
                    "pods still on the node", timeout, interval=1)
         api.close()
-
-    def _stop_proc(self, name: str) -> None:
-        proc = self.cp.procs.pop(name, None)
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
     def _kill_containers(self) -> None:
         """Shims outlive containerd by design; whatever the kubelet left running goes here."""
@@ -376,13 +366,11 @@ def _qualified(ref: str) -> str:
     return f"docker.io/{ref}"
 
 
-def _docker_image_from_binary(binary: Path, path: str, tag: str, workdir: Path, docker: str = "docker",
-                              args: tuple[str, ...] = ()) -> None:
+def _docker_image_from_binary(binary: Path, path: str, tag: str, workdir: Path, docker: str = "docker") -> None:
     """An image FROM scratch holding one static binary as its entrypoint."""
     context = Path(tempfile.mkdtemp(prefix="image-", dir=workdir))
     shutil.copy2(binary, context / binary.name)
-    entry = json.dumps([path, *args])
-    (context / "Dockerfile").write_text(f"FROM scratch\nCOPY {binary.name} {path}\nENTRYPOINT {entry}\n")
+    (context / "Dockerfile").write_text(f"FROM scratch\nCOPY {binary.name} {path}\nENTRYPOINT {json.dumps([path])}\n")
     _run(docker, "build", "--quiet", "--tag", tag, str(context), timeout=300)
     shutil.rmtree(context, ignore_errors=True)
 
