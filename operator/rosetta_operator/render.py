@@ -7,6 +7,7 @@ only module that knows what our JobSet looks like.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -422,4 +423,43 @@ def render(name: str, namespace: str, spec: TranslationTrainingSpec, owner: dict
         ports=[{"name": "metrics", "containerPort": metrics_port, "protocol": "TCP"}] if metrics_port else [],
         resources=resources(spec), volume_mounts=mounts, volumes=pod_volumes,
     )
+    check_sizes(spec, configmap, jobset)
     return Rendered(names=names, configmap=configmap, jobset=jobset)
+
+
+# What the apiserver accepts (and etcd stores): annotations of one object 256 KiB in all, ConfigMap
+# data 1 MiB, any object about 1.5 MiB. The JobSet carries the spec as JSON in an annotation (the
+# handlers' applied-spec record), so it is counted there; the rest of its annotations are small.
+ANNOTATIONS_LIMIT = 256 * 1024 - 4096
+CONFIGMAP_LIMIT = 1024 * 1024
+OBJECT_LIMIT = 1536 * 1024 - 16 * 1024
+
+
+def check_sizes(spec: TranslationTrainingSpec, configmap: dict, jobset: dict) -> None:
+    """Refuse, before any API call, a spec whose objects Kubernetes would refuse on every retry,
+    naming the spec field that takes the most room."""
+    dumped = spec.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+    spec_bytes = _json_size(dumped)
+    problems = []
+    if spec_bytes > ANNOTATIONS_LIMIT:
+        problems.append(f"takes {_kib(spec_bytes)} as JSON; the JobSet keeps a copy in an annotation and Kubernetes "
+                        f"allows {_kib(ANNOTATIONS_LIMIT)} of annotations per object")
+    config_bytes = sum(len(v.encode()) for v in (configmap.get("data") or {}).values())
+    if config_bytes > CONFIGMAP_LIMIT:
+        problems.append(f"makes a trainer config of {_kib(config_bytes)}; a ConfigMap holds at most "
+                        f"{_kib(CONFIGMAP_LIMIT)}")
+    jobset_bytes = _json_size(jobset) + spec_bytes
+    if jobset_bytes > OBJECT_LIMIT:
+        problems.append(f"makes a JobSet of {_kib(jobset_bytes)}; the apiserver stores at most {_kib(OBJECT_LIMIT)} "
+                        "per object")
+    if problems:
+        field, size = max(((k, _json_size(v)) for k, v in dumped.items()), key=lambda kv: kv[1])
+        raise ConfigError([(f"spec.{field}", f"too large: {_kib(size)} of a spec that {p}") for p in problems])
+
+
+def _json_size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def _kib(size: int) -> str:
+    return f"{size / 1024:.0f} KiB"

@@ -27,13 +27,14 @@ DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 MOUNT_PATH = r"^/.*[^/]$"
-QUANTITY = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+# Kubernetes' quantity grammar without the sign: a negative request, limit or size is never meant.
+QUANTITY = r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 
 # Set by render.py (or by torchrun/deepspeed from what render.py sets); a user
 # value would silently desynchronise the ranks, so it is an error instead.
 LAUNCHER_ENV = frozenset({
     "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK",
-    "LOCAL_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "CUDA_VISIBLE_DEVICES",
+    "LOCAL_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "CUDA_VISIBLE_DEVICES", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
 })
 # ROSETTA_: ours; PET_: torchrun reads its arguments from these; TORCHELASTIC_: set per worker.
 LAUNCHER_ENV_PREFIXES = ("ROSETTA_", "PET_", "TORCHELASTIC_")
@@ -85,7 +86,7 @@ def _matches(pattern: str, expected: str):
 Quantity = Annotated[
     str,
     BeforeValidator(_number_to_str),
-    _matches(QUANTITY, "a Kubernetes quantity (e.g. 8, 7500m, 64Gi)"),
+    _matches(QUANTITY, "a non-negative Kubernetes quantity (e.g. 8, 7500m, 64Gi)"),
     WithJsonSchema({"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}],
                     "pattern": QUANTITY}),
 ]
@@ -99,6 +100,36 @@ ObjectName = Annotated[
     str,
     Field(min_length=1, max_length=253, json_schema_extra={"pattern": DNS1123_SUBDOMAIN}),
     _matches(DNS1123_SUBDOMAIN, "a valid object name (lowercase letters, digits, '-' and '.')"),
+]
+
+
+# The distribution reference grammar (github.com/distribution/reference, what registries and the
+# kubelet parse): [host[:port]/]path[:tag][@digest], path components in lowercase.
+_IMAGE_HOST = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?"
+_IMAGE_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_REFERENCE = (rf"^(?:{_IMAGE_HOST}/)?{_IMAGE_COMPONENT}(?:/{_IMAGE_COMPONENT})*"
+                   r"(?::[\w][\w.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$")
+
+
+def _image_reference(value: str) -> str:
+    if not re.match(IMAGE_REFERENCE, value):
+        raise ValueError(f"'{value}' is not an image reference a registry accepts "
+                         "([registry/]repository[:tag][@sha256:digest], repository in lowercase)")
+    name = value.split("@")[0]
+    head, _, tail = name.rpartition(":")
+    repository = head if head and "/" not in tail else name
+    first, slash, _ = repository.partition("/")
+    # As docker and containerd read it: the first part is a registry only when it looks like a host.
+    if slash and not ("." in first or ":" in first or first == "localhost") and not re.fullmatch(_IMAGE_COMPONENT, first):
+        raise ValueError(f"'{value}' is not an image reference a registry accepts (repository names are lowercase)")
+    if len(repository) > 255:
+        raise ValueError("the repository name is longer than 255 characters")
+    return value
+
+
+ImageReference = Annotated[
+    str, Field(min_length=1, max_length=512, json_schema_extra={"pattern": IMAGE_REFERENCE}),
+    AfterValidator(_image_reference),
 ]
 
 
@@ -239,12 +270,23 @@ class VolumeSpec(Model):
         ),
     )
     read_only: bool = Field(False, description="Mount read-only.")
-    sub_path: Optional[str] = Field(None, max_length=512, description="Mount this sub-directory of the volume.")
+    sub_path: Optional[str] = Field(
+        None, min_length=1, max_length=512,
+        description="Mount this sub-directory of the volume: a relative path without '..'.")
     persistent_volume_claim: Optional[PvcSource] = Field(None, description="A PVC, e.g. EFS or Filestore.")
     empty_dir: Optional[EmptyDirSource] = Field(None, description="Scratch space that lives as long as the pod.")
     host_path: Optional[HostPathSource] = Field(
         None, description="A node directory; refused unless the operator runs with --allow-host-path."
     )
+
+    @field_validator("sub_path")
+    @classmethod
+    def _sub_path_inside(cls, value: Optional[str]):
+        # The kubelet refuses these too, but only when the pod starts: every restart fails alike.
+        if value is not None and (value.startswith("/") or ".." in value.split("/")):
+            raise ValueError(f"'{value}' must be a relative path that stays inside the volume "
+                             "(no leading '/', no '..')")
+        return value
 
     @field_validator("host_path")
     @classmethod
@@ -408,7 +450,7 @@ class TranslationTrainingSpec(TrainerSpec):
     Field order matters: validators of later fields read earlier ones (info.data).
     """
 
-    image: str = Field(DEFAULT_IMAGE, min_length=1, max_length=512, description="Trainer container image.")
+    image: ImageReference = Field(DEFAULT_IMAGE, description="Trainer container image.")
     image_pull_policy: Optional[Literal["Always", "IfNotPresent", "Never"]] = Field(
         None, description="Kubernetes' default applies when unset."
     )
@@ -588,12 +630,13 @@ class TrainingMetadata(Metadata):
 
 
 class TranslationTraining(BaseModel):
-    """The whole document; `status` and other server-side fields are ignored."""
+    """The whole document; `status` and other server-side fields are ignored. apiVersion, kind and
+    metadata.name are required, as the apiserver requires them."""
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
-    api_version: Literal["rosetta.dev/v1alpha1"] = Field(API_VERSION, alias="apiVersion")
-    kind: Literal["TranslationTraining"] = KIND
-    metadata: TrainingMetadata = Field(default_factory=TrainingMetadata)
+    api_version: Literal["rosetta.dev/v1alpha1"] = Field(..., alias="apiVersion")
+    kind: Literal["TranslationTraining"]
+    metadata: TrainingMetadata
     spec: TranslationTrainingSpec
 
 
@@ -639,7 +682,7 @@ def parse_training(raw: Any, source: str | None = None, allow_host_path: bool = 
     if not isinstance(raw, dict):
         raise ConfigError([("(document)", "expected a mapping with apiVersion, kind and spec")], source)
     try:
-        return TranslationTraining.model_validate(raw, context={"allow_host_path": allow_host_path})
+        return TranslationTraining.model_validate(raw, context={"allow_host_path": allow_host_path}, by_name=False)
     except ValidationError as exc:
         raise ConfigError(_errors(exc), source) from None
 
@@ -647,7 +690,8 @@ def parse_training(raw: Any, source: str | None = None, allow_host_path: bool = 
 def parse_spec(raw: Any, allow_host_path: bool = False) -> TranslationTrainingSpec:
     """Validate only a spec (what a kopf handler gets); error paths start with 'spec.'."""
     try:
-        return TranslationTrainingSpec.model_validate(plain(raw, "spec"), context={"allow_host_path": allow_host_path})
+        return TranslationTrainingSpec.model_validate(plain(raw, "spec"), context={"allow_host_path": allow_host_path},
+                                                      by_name=False)
     except ValidationError as exc:
         raise ConfigError(_errors(exc, prefix="spec")) from None
 

@@ -257,3 +257,119 @@ def test_the_operator_refuses_a_spec_nested_deeper_than_yaml_allows():
 def test_strict_yaml_bounds_are_what_the_docs_say():
     assert (strict_yaml.MAX_BYTES, strict_yaml.MAX_DEPTH, strict_yaml.MAX_ALIAS_NODES) == (1 << 20, 100, 10_000)
     assert strict_yaml.load(GOOD_TEXT) == GOOD
+
+
+def volume(**fields) -> dict:
+    return {"volumes": [{"name": "data", "mountPath": "/data", "persistentVolumeClaim": {"claimName": "corpus"},
+                         **fields}]}
+
+
+def doc_without(key: str) -> dict:
+    return {k: v for k, v in GOOD.items() if k != key}
+
+
+# Each was accepted once and meant something else on the cluster (or nothing at all).
+ACCEPTED_BUT_WRONG = {
+    "true as a node count": (spec_with(nodes=True), "spec.nodes", "expected an integer, not true"),
+    "false as a learning rate": (spec_with(training={"maxSteps": 10, "learningRate": False}),
+                                 "spec.training.learningRate", "expected a number, not false"),
+    "true among Adam's betas": (spec_with(training={"maxSteps": 10, "adamBetas": [True, 0.98]}),
+                                "spec.training.adamBetas", "expected a list of numbers, not true/false"),
+    "beta2 of 1.5": (spec_with(training={"maxSteps": 10, "adamBetas": [0.9, 1.5]}),
+                     "spec.training.adamBetas[1]", "Input should be less than 1"),
+    "a negative beta": (spec_with(training={"maxSteps": 10, "adamBetas": [-0.1, 0.98]}),
+                        "spec.training.adamBetas[0]", "Input should be greater than or equal to 0"),
+    "a negative CPU request": (spec_with(resources={"cpu": "-2"}), "spec.resources.cpu",
+                               "'-2' is not a non-negative Kubernetes quantity (e.g. 8, 7500m, 64Gi)"),
+    "a negative shm size": (spec_with(resources={"shmSize": "-1Gi"}), "spec.resources.shmSize",
+                            "'-1Gi' is not a non-negative Kubernetes quantity (e.g. 8, 7500m, 64Gi)"),
+    "a memory size as GPU count": (spec_with(gpusPerNode="8Gi"), "spec.gpusPerNode",
+                                   "Input should be a valid integer, unable to parse string as an integer"),
+    "snake_case field": (spec_with(training={"maxSteps": 10, "warmup_steps": 5}), "spec.training.warmup_steps",
+                         "Extra inputs are not permitted"),
+    "no apiVersion": (doc_without("apiVersion"), "apiVersion", "Field required"),
+    "no kind": (doc_without("kind"), "kind", "Field required"),
+    "no metadata": (doc_without("metadata"), "metadata", "Field required"),
+    "no name": ({**GOOD, "metadata": {"namespace": "ml"}}, "metadata.name", "Field required"),
+    "source and target differ by case": (
+        spec_with(data={**GOOD["spec"]["data"], "targetLangs": ["EN"]}), "spec.data",
+        "targetLangs must not contain the source language 'en' (language codes are compared without case)"),
+    "duplicate targets by case": (
+        spec_with(data={**GOOD["spec"]["data"], "targetLangs": ["de", "DE"]}), "spec.data",
+        "targetLangs has duplicates (language codes are compared without case)"),
+    "a language that is no code": (
+        spec_with(data={**GOOD["spec"]["data"], "sourceLang": "english!"}), "spec.data.sourceLang",
+        "'english!' is not a language code (BCP 47 style: en, de, pt-BR, zh-Hans)"),
+    "an uppercase repository": (spec_with(image="Rosetta/trainer:1"), "spec.image",
+                                "'Rosetta/trainer:1' is not an image reference a registry accepts "
+                                "(repository names are lowercase)"),
+    "an empty tag": (spec_with(image="ghcr.io/rosetta-dev/trainer:"), "spec.image",
+                     "'ghcr.io/rosetta-dev/trainer:' is not an image reference a registry accepts "
+                     "([registry/]repository[:tag][@sha256:digest], repository in lowercase)"),
+    "a space in the image": (spec_with(image="trainer latest"), "spec.image",
+                             "'trainer latest' is not an image reference a registry accepts "
+                             "([registry/]repository[:tag][@sha256:digest], repository in lowercase)"),
+    "an absolute subPath": (spec_with(**volume(subPath="/etc")), "spec.volumes[0].subPath",
+                            "'/etc' must be a relative path that stays inside the volume (no leading '/', no '..')"),
+    "a subPath that climbs": (spec_with(**volume(subPath="runs/../../other-team")), "spec.volumes[0].subPath",
+                              "'runs/../../other-team' must be a relative path that stays inside the volume "
+                              "(no leading '/', no '..')"),
+    "the launcher's shutdown timeout": (
+        spec_with(env=[{"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "value": "5"}]), "spec.env[0].name",
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT is set by the launcher; remove it"),
+}
+
+
+@pytest.mark.parametrize("doc, field, message", ACCEPTED_BUT_WRONG.values(), ids=ACCEPTED_BUT_WRONG.keys())
+def test_values_that_used_to_mean_something_else_are_refused(doc, field, message):
+    with pytest.raises(ConfigError) as info:
+        parse_training(doc)
+    assert info.value.errors == [(field, message)]
+
+
+@pytest.mark.parametrize("image", [
+    "ghcr.io/rosetta-dev/rosetta-trainer:0.1.0", "rosetta-trainer", "localhost:5000/team/trainer:v2",
+    "123456789012.dkr.ecr.us-east-1.amazonaws.com/rosetta@sha256:" + "a" * 64, "nvcr.io/nvidia/pytorch:24.01-py3",
+    "[::1]:5000/trainer:dev", "registry.example.com/a/b/c:1.0_rc-2",
+])
+def test_image_references_registries_accept_still_pass(image):
+    assert parse_training(spec_with(image=image)).spec.image == image
+
+
+@pytest.mark.parametrize("code", ["fr", "pt-BR", "pt_BR", "zh-Hans", "zh-Hans-CN", "yue", "sr-Latn"])
+def test_language_tags_beyond_two_letters_still_pass(code):
+    spec = parse_training(spec_with(data={**GOOD["spec"]["data"], "targetLangs": [code]})).spec
+    assert spec.data.target_langs == [code]
+
+
+def test_rosetta_train_refuses_what_the_cluster_refuses(tmp_path, capsys):
+    # Cluster fields are the trainer's to ignore, not to skip: the same file fails in both places.
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(spec_with(nodes=0)))
+    assert main(["train", "-f", str(path)]) == 2
+    assert capsys.readouterr().err == (f"error: invalid TranslationTraining in {path}: spec.nodes: "
+                                       "Input should be greater than or equal to 1\n")
+
+
+@pytest.mark.parametrize("spec, field, problem", [
+    ({"env": [{"name": f"NOTE_{i}", "value": "x" * 30_000} for i in range(10)]}, "spec.env",
+     "the JobSet keeps a copy in an annotation"),
+    ({"scheduling": {"affinity": {"notes": ["y" * 1000] * 300}}}, "spec.scheduling",
+     "the JobSet keeps a copy in an annotation"),
+])
+def test_a_spec_too_large_for_its_objects_is_refused_before_any_api_call(spec, field, problem):
+    from rosetta_operator.render import render
+
+    training = parse_training(spec_with(**spec))
+    with pytest.raises(ConfigError) as info:
+        render("mt", "default", training.spec)
+    (path, message), = info.value.errors
+    assert path == field and message.startswith("too large: ") and problem in message
+
+
+def test_the_size_limits_are_kubernetes_own():
+    from rosetta_operator import render
+
+    # apimachinery's TotalAnnotationSizeLimitB, the ConfigMap data limit, etcd's default request limit.
+    assert render.ANNOTATIONS_LIMIT < 256 * 1024 and render.CONFIGMAP_LIMIT == 1 << 20
+    assert render.OBJECT_LIMIT < 1536 * 1024

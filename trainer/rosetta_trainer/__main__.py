@@ -27,7 +27,12 @@ from rosetta_trainer.config import TrainingDocument, apply_overrides, parse_docu
 
 def train_from_file(path: str, output: str | None = None, overrides: list[str] | None = None,
                     progress: bool = True) -> dict:
+    from rosetta_operator.spec import parse_training
+
     raw = apply_overrides(read_yaml(path), overrides or [], str(path))
+    # The cluster's rules first (cluster fields included), so a file that trains here is one the
+    # operator accepts; hostPath is the operator's admin decision, not the file's.
+    parse_training(raw, str(path), allow_host_path=True)
     document = parse_document(raw, str(path))  # fails before any work, listing every error
     out = Path(output or Path("runs") / document.metadata.name)
     return train(document, yaml.safe_dump(raw, sort_keys=False), out, progress=progress)

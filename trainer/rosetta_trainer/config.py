@@ -16,10 +16,11 @@ import math
 import re
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, get_args, get_origin
 
 from pydantic import (
-    AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints, ValidationError, field_validator, model_validator,
+    AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints, ValidationError, ValidationInfo,
+    field_validator, model_validator,
 )
 from pydantic.alias_generators import to_camel
 
@@ -126,11 +127,60 @@ def _yaml_kind(value: Any) -> str:
 JsonObject = Annotated[dict[str, Any], AfterValidator(json_object)]
 
 
+def _admits_bool(annotation: Any) -> bool:
+    """Whether a field's type takes true/false; Any and free-form objects do."""
+    if annotation is bool or annotation is Any:
+        return True
+    args = get_args(annotation)
+    if get_origin(annotation) is Annotated:
+        return _admits_bool(args[0])
+    if not args:
+        return not (isinstance(annotation, type) and issubclass(annotation, (int, float, str)))
+    if get_origin(annotation) is Literal:
+        return any(isinstance(a, bool) for a in args)
+    return any(_admits_bool(a) for a in args)
+
+
 class Model(BaseModel):
     # No NaN or infinity: `epochs: .inf` or `weightDecay: .nan` would pass every bound check.
+    # populate_by_name lets Python code say max_steps=...; documents are read by alias only
+    # (parse_document's by_name=False), so `max_steps:` in YAML is an unknown field as on the cluster.
     model_config = ConfigDict(
         alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=False, allow_inf_nan=False
     )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic reads `nodes: true` as 1 and `cpu: yes` as "True"; the apiserver refuses both.
+        if isinstance(value, bool) and not _admits_bool(cls.model_fields[info.field_name].annotation):
+            raise ValueError(f"expected {_expected(cls.model_fields[info.field_name].annotation)}, not {str(value).lower()}")
+        if isinstance(value, (list, tuple)) and any(isinstance(v, bool) for v in value):
+            annotation = cls.model_fields[info.field_name].annotation
+            items = [a for a in get_args(_unwrap(annotation)) if a is not Ellipsis]
+            if items and not any(_admits_bool(a) for a in items):
+                raise ValueError(f"expected a list of {_expected(items[0], plural=True)}, not true/false")
+        return value
+
+
+def _unwrap(annotation: Any) -> Any:
+    """Optional[X] and Annotated[X, ...] -> X."""
+    while True:
+        origin, args = get_origin(annotation), get_args(annotation)
+        if origin is Annotated:
+            annotation = args[0]
+        elif args and type(None) in args and len(args) == 2:
+            annotation = next(a for a in args if a is not type(None))
+        else:
+            return annotation
+
+
+def _expected(annotation: Any, plural: bool = False) -> str:
+    base = _unwrap(annotation)
+    if get_origin(base) in (list, tuple):
+        return "lists" if plural else "a list"
+    names = {int: ("an integer", "integers"), float: ("a number", "numbers"), str: ("a string", "strings")}
+    return names.get(base, ("a value of another type", "values of another type"))[plural]
 
 
 # --------------------------------------------------------------------------- model
@@ -209,6 +259,22 @@ REQUIRED_BY_FORMAT = {
 }
 
 
+# BCP 47-like: a 2-3 letter language, then subtags (script, region, variant) of 1-8 letters or
+# digits, separated by '-' (or '_', as many corpora write pt_BR). 35 characters hold any real tag
+# and keep a megabyte of text out of every pod's config.
+LANGUAGE_CODE = r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{1,8})*$"
+
+
+def _language_code(value: str) -> str:
+    if not re.match(LANGUAGE_CODE, value):
+        raise ValueError(f"'{_clip(value, 40)}' is not a language code (BCP 47 style: en, de, pt-BR, zh-Hans)")
+    return value
+
+
+LanguageCode = Annotated[str, Field(min_length=2, max_length=35, json_schema_extra={"pattern": LANGUAGE_CODE}),
+                         AfterValidator(_language_code)]
+
+
 class DataSource(Model):
     """One corpus. Flat on purpose: one schema for every format keeps the CRD structural."""
 
@@ -231,8 +297,8 @@ class DataSource(Model):
     lang_column: Optional[str] = Field(
         None, max_length=NAME_MAX, description="tsv/csv column or jsonl field naming each row's target language."
     )
-    target_lang: Optional[str] = Field(
-        None, min_length=2, max_length=35, description="Target language of this source; required when spec.data has several."
+    target_lang: Optional[LanguageCode] = Field(
+        None, description="Target language of this source; required when spec.data has several."
     )
     split: str = Field("dev", max_length=NAME_MAX, description="mtgeneval: which split's files to read.")
     size: int = Field(20000, ge=1, description="generated: number of sentence pairs.")
@@ -266,9 +332,8 @@ class DataChecks(Model):
 
 
 class DataSpec(Model):
-    # BCP 47 tags fit in 35 characters; the bound keeps a megabyte of text out of every pod's config.
-    source_lang: str = Field(..., min_length=2, max_length=35, description="ISO code of the source language.")
-    target_langs: Optional[list[Annotated[str, StringConstraints(min_length=2, max_length=35)]]] = Field(
+    source_lang: LanguageCode = Field(..., description="ISO code of the source language.")
+    target_langs: Optional[list[LanguageCode]] = Field(
         None,
         min_length=1,
         description=(
@@ -309,10 +374,13 @@ class DataSpec(Model):
             if task is None:
                 return self  # spec.task is invalid and reported on its own
             self.target_langs = [self.source_lang]
-        if task == "translation" and self.source_lang in self.target_langs:
-            raise ValueError(f"targetLangs must not contain the source language '{self.source_lang}'")
-        if len(set(self.target_langs)) != len(self.target_langs):
-            raise ValueError("targetLangs has duplicates")
+        # Language tags are case-insensitive (BCP 47): EN and en are one language.
+        folded = [lang.casefold() for lang in self.target_langs]
+        if task == "translation" and self.source_lang.casefold() in folded:
+            raise ValueError(f"targetLangs must not contain the source language '{self.source_lang}' "
+                             "(language codes are compared without case)")
+        if len(set(folded)) != len(folded):
+            raise ValueError("targetLangs has duplicates (language codes are compared without case)")
         if len(self.target_langs) > 1:
             for split in ("train", "validation", "test"):
                 for i, src in enumerate(getattr(self, split)):
@@ -345,6 +413,9 @@ class BatchSpec(Model):
         return self
 
 
+AdamBeta = Annotated[float, Field(ge=0, lt=1)]
+
+
 class TrainingSpec(Model):
     max_steps: Optional[int] = Field(None, ge=1, description="Optimizer steps to train.")
     epochs: Optional[float] = Field(None, gt=0, description="Passes over the training data.")
@@ -357,7 +428,8 @@ class TrainingSpec(Model):
     clip_grad_norm: Optional[float] = Field(1.0, gt=0, description="Max gradient norm; null disables clipping.")
     weight_decay: float = Field(0.0, ge=0)
     label_smoothing: float = Field(0.1, ge=0, lt=1)
-    adam_betas: tuple[float, float] = (0.9, 0.98)
+    adam_betas: tuple[AdamBeta, AdamBeta] = Field(
+        (0.9, 0.98), description="Adam's (beta1, beta2), each in [0, 1) as torch.optim requires.")
     adam_eps: float = Field(1e-9, gt=0)
     seed: int = 1
     log_interval: int = Field(10, ge=1, description="Steps between lines in metrics.jsonl.")
@@ -600,7 +672,7 @@ CLUSTER_KEYS = frozenset({
 
 class Metadata(BaseModel):
     model_config = ConfigDict(extra="allow")
-    name: str = Field("training", min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    name: str = Field(..., min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     namespace: Optional[str] = Field(None, min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -608,9 +680,10 @@ class TrainingDocument(BaseModel):
     """A whole `kind: TranslationTraining` YAML document."""
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
-    api_version: Literal["rosetta.dev/v1alpha1"] = Field(API_VERSION, alias="apiVersion")
-    kind: Literal["TranslationTraining"] = KIND
-    metadata: Metadata = Field(default_factory=Metadata)
+    # Required, as the apiserver requires them: one file means the same here and on a cluster.
+    api_version: Literal["rosetta.dev/v1alpha1"] = Field(..., alias="apiVersion")
+    kind: Literal["TranslationTraining"]
+    metadata: Metadata
     spec: TrainerSpec
 
 
@@ -684,7 +757,7 @@ def parse_document(raw: Any, source: str | None = None, model: type[BaseModel] =
     if model is TrainingDocument and isinstance(raw.get("spec"), dict):
         raw = {**raw, "spec": {k: v for k, v in raw["spec"].items() if k not in CLUSTER_KEYS}}
     try:
-        return model.model_validate(raw)
+        return model.model_validate(raw, by_name=False)  # camelCase only, as in the CRD
     except ValidationError as exc:
         raise ConfigError(format_errors(exc), source) from None
 
