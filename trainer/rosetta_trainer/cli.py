@@ -78,7 +78,10 @@ def _cmd_plan(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from rosetta_trainer import __version__
+
     parser = argparse.ArgumentParser(prog="rosetta", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_trainer_commands(sub)
     try:
