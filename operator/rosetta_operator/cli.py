@@ -57,6 +57,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="how often each active training's rank 0 is scraped into status.progress")
     p.set_defaults(func=_cmd_operator)
 
+    from rosetta_operator.verbs import add_verbs
+
+    add_verbs(sub)  # submit, get, status, logs, wait, delete, tensorboard
+
 
 def _load_and_render(args):
     from rosetta_operator.render import render

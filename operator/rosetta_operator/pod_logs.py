@@ -1,0 +1,190 @@
+"""`rosetta logs NAME [-f] [--rank N]`: the log of one node's pod, found through the training.
+
+Node rank N is completion index N of the JobSet's indexed Job (the pod's
+`batch.kubernetes.io/job-completion-index`). A gang restart replaces every pod with one of a new
+name; with `-f` the follower notices, says so on stderr, and goes on with the new pod's log until
+the training has finished. `rank_pod` is pure; `follow` talks to the API.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Callable, Iterable, Mapping, Optional, TextIO
+
+from rosetta_operator.kube import Cluster, VerbError
+from rosetta_operator.progress import JOB_INDEX_LABEL, JOBSET_NAME_LABEL
+from rosetta_operator.render import COMPLETION_INDEX
+
+CONTAINER = "trainer"
+RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
+TERMINAL = frozenset({"Succeeded", "Failed"})
+POLL = 1.0
+# After the container ended, how long its log stream may take to end by itself (a kubelet closes it
+# at once; some nodes keep it open) before the follower closes it.
+DRAIN = 3.0
+
+
+def _meta(pod: Mapping) -> Mapping:
+    return pod.get("metadata") or {}
+
+
+def node_rank(pod: Mapping) -> Optional[int]:
+    meta = _meta(pod)
+    index = (meta.get("annotations") or {}).get(COMPLETION_INDEX) or (meta.get("labels") or {}).get(COMPLETION_INDEX)
+    try:
+        return int(index)
+    except (TypeError, ValueError):
+        return None
+
+
+def container_state(pod: Mapping, container: str = CONTAINER) -> Optional[str]:
+    """`waiting`, `running` or `terminated` for the trainer container; None before the kubelet says."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") == container:
+            state = status.get("state") or {}
+            return next((k for k in ("terminated", "running", "waiting") if state.get(k) is not None), None)
+    return None
+
+
+def has_log(pod: Mapping) -> bool:
+    """Its container started: the kubelet has a log to give (a waiting container has none)."""
+    return container_state(pod) in ("running", "terminated")
+
+
+def rank_pod(pods: Iterable[Mapping], jobset: str, rank: int) -> Optional[Mapping]:
+    """Node rank `rank`'s pod of the JobSet: the newest of that index, one not being deleted first
+    (after a gang restart the old pods linger a moment beside the new ones)."""
+    candidates = [p for p in pods
+                  if (_meta(p).get("labels") or {}).get(JOBSET_NAME_LABEL) == jobset
+                  and (_meta(p).get("labels") or {}).get(JOB_INDEX_LABEL, "0") == "0"
+                  and node_rank(p) == rank]
+    if not candidates:
+        return None
+    return max(candidates, key=lambda p: (not _meta(p).get("deletionTimestamp"), str(_meta(p).get("creationTimestamp"))))
+
+
+def header(pod: Mapping, rank: int) -> str:
+    attempt = (_meta(pod).get("labels") or {}).get(RESTART_ATTEMPT_LABEL)
+    after = f", gang restart {attempt}" if attempt not in (None, "0") else ""
+    return f"--- node rank {rank}: pod {_meta(pod).get('name')}{after} ---"
+
+
+class _Stream:
+    """One pod's log, copied line by line to `out` from a thread, so that the follower can look at
+    the cluster meanwhile and stop the copy when the pod is replaced."""
+
+    def __init__(self, cluster: Cluster, pod: str, follow: bool, tail: Optional[int], out: TextIO,
+                 announce: Callable[[], None]):
+        kwargs = {"container": CONTAINER, "follow": follow, "_preload_content": False}
+        if tail is not None:
+            kwargs["tail_lines"] = tail
+        self.response = cluster.core.read_namespaced_pod_log(pod, cluster.namespace, **kwargs)
+        announce()  # the log is there: say whose it is before its first line
+        self.out, self.error, self.stopping = out, None, False
+        self.thread = threading.Thread(target=self._copy, daemon=True)
+        self.thread.start()
+
+    def _copy(self) -> None:
+        try:
+            for chunk in self.response.stream(4096, decode_content=True):
+                self.out.write(chunk.decode("utf-8", errors="replace"))
+                self.out.flush()
+        except Exception as exc:  # stop() shut the connection, or it broke
+            if not self.stopping:
+                self.error = exc
+
+    @property
+    def done(self) -> bool:
+        return not self.thread.is_alive()
+
+    def stop(self) -> None:
+        self.stopping = True
+        if not self.done:
+            try:
+                self.response.shutdown()  # urllib3 ≥ 2.3: interrupts the thread's blocked read
+            except (AttributeError, RuntimeError, ValueError, OSError):
+                self.response.close()
+            self.thread.join(5)
+        self.response.release_conn()
+
+
+def follow(cluster: Cluster, name: str, *, rank: int = 0, follow: bool = False, tail: Optional[int] = None,
+           wait: Optional[float] = 60.0, out: Optional[TextIO] = None, err: Optional[TextIO] = None,
+           sleep: Callable[[float], None] = time.sleep) -> int:
+    """Print rank `rank`'s log; with `follow`, every pod that rank has until the training ends.
+
+    Waits for the pod to start (at most `wait` seconds without `follow`; None: for ever). Returns
+    the exit status; a training or rank that does not exist is a VerbError.
+    """
+    out, err = out or sys.stdout, err or sys.stderr
+    training = cluster.existing_training(name)
+    nodes = (training.get("spec") or {}).get("nodes")
+    if isinstance(nodes, int) and not 0 <= rank < nodes:
+        raise VerbError(f"--rank {rank}: {name} has {nodes} node{'s' * (nodes != 1)}, ranks 0 to {nodes - 1}", 2)
+    deadline = None if follow or wait is None else time.monotonic() + wait
+    seen: set[str] = set()
+    while True:
+        status = training.get("status") or {}
+        jobset = status.get("jobSetName") or name
+        pod = rank_pod(cluster.pods(jobset), jobset, rank)
+        if pod is not None and _meta(pod).get("uid") not in seen and has_log(pod):
+            if _print_log(cluster, pod, follow=follow, tail=tail, out=out, sleep=sleep,
+                          announce=lambda: print(header(pod, rank), file=err, flush=True) if follow else None):
+                seen.add(_meta(pod)["uid"])
+                if not follow:
+                    return 0
+                continue
+        if status.get("phase") in TERMINAL and (pod is None or _meta(pod).get("uid") in seen or not has_log(pod)):
+            if seen:
+                return 0
+            raise VerbError(f"{name} is {status['phase']} and node rank {rank} has no pod left to read "
+                            f"(the JobSet's pods are removed ttlSecondsAfterFinished after the end)")
+        if deadline is not None and time.monotonic() > deadline:
+            what = f"pod {_meta(pod).get('name')} to start" if pod is not None else f"a pod of node rank {rank}"
+            raise VerbError(f"timed out after {wait:.0f} s waiting for {what} of {name} "
+                            f"(phase {status.get('phase') or 'unknown'}); -f waits for ever")
+        sleep(POLL)
+        training = cluster.existing_training(name)
+
+
+def _print_log(cluster: Cluster, pod: Mapping, *, follow: bool, tail: Optional[int], out: TextIO,
+               sleep: Callable[[float], None], announce: Callable[[], None]) -> bool:
+    """Copy the pod's log; while following, until the stream ends, the pod is gone, or DRAIN
+    seconds after its container ended. A pod being deleted is followed to its end: a trainer
+    stopped by SIGTERM still says where it saved its checkpoint. False: the kubelet had no log
+    to give yet (the caller looks again)."""
+    from kubernetes.client.exceptions import ApiException
+
+    pod_name = _meta(pod)["name"]
+    try:
+        stream = _Stream(cluster, pod_name, follow, tail, out, announce)
+    except ApiException as exc:
+        if exc.status in (400, 404):  # gone, or its container not started after all
+            return False
+        raise
+    ended_at: Optional[float] = None
+    try:
+        while not stream.done and not follow:
+            stream.thread.join(POLL)
+        while not stream.done:
+            sleep(POLL)
+            try:
+                current = cluster.api.sanitize_for_serialization(
+                    cluster.core.read_namespaced_pod(pod_name, cluster.namespace))
+            except ApiException as exc:
+                if exc.status == 404:
+                    break
+                raise
+            if _meta(current).get("uid") != _meta(pod).get("uid"):
+                break  # a new pod of the same name
+            if container_state(current) == "terminated":
+                ended_at = ended_at or time.monotonic()
+                if time.monotonic() - ended_at > DRAIN:
+                    break
+    finally:
+        stream.stop()
+    if stream.error is not None:
+        raise VerbError(f"the log of pod {pod_name} broke off: {stream.error}")
+    return True

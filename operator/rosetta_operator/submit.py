@@ -1,0 +1,81 @@
+"""`rosetta submit -f FILE`: validate the TranslationTraining as the operator would, then server-side
+apply every document of the file (an example's PersistentVolumeClaim too, as `kubectl apply -f`
+would), in file order, with field manager `rosetta`.
+
+The CLI creates only what the file holds; the operator creates the ConfigMap and the JobSet. What
+is applied is the document as written (with `--set` overrides), not the validated model, so the
+apiserver's defaults and the operator's apply as they would to `kubectl apply`.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Optional
+
+from rosetta_operator.kube import FIELD_MANAGER, INVALID, Cluster, VerbError
+from rosetta_trainer.config import KIND, ConfigError, apply_overrides, read_yaml
+
+
+def read_documents(path: str, overrides: list[str], allow_host_path: bool = False) -> list[dict]:
+    """The file's documents, its TranslationTraining with `overrides` applied and validated (a
+    ConfigError, exit 2, names every problem)."""
+    from rosetta_operator.render import render
+    from rosetta_operator.spec import parse_training
+    from rosetta_trainer import strict_yaml
+
+    training = apply_overrides(read_yaml(path), overrides, str(path))  # ConfigError on a bad file
+    parsed = parse_training(training, str(path), allow_host_path=allow_host_path)
+    # Rendering catches what only the child names reveal (a pod hostname over 63 characters).
+    render(parsed.metadata.name, parsed.metadata.namespace or "default", parsed.spec)
+    documents = [d for d in strict_yaml.load_all(strict_yaml.read_text(path)) if d is not None]
+    if len(documents) == 1:
+        return [training]
+    out = []
+    for doc in documents:
+        if not isinstance(doc, dict) or not doc.get("apiVersion") or not doc.get("kind") or \
+                not (doc.get("metadata") or {}).get("name"):
+            raise ConfigError([("(file)", "every document needs apiVersion, kind and metadata.name")], str(path))
+        out.append(training if doc.get("kind") == KIND else doc)
+    return out
+
+
+def kind_name(doc: dict) -> str:
+    """kubectl's `translationtraining.rosetta.dev/NAME`, `persistentvolumeclaim/NAME`."""
+    api_version = doc.get("apiVersion", "")
+    group = api_version.split("/")[0] if "/" in api_version else ""
+    return f"{doc['kind'].lower()}{'.' + group if group else ''}/{doc['metadata']['name']}"
+
+
+def apply_documents(cluster: Cluster, documents: list[dict], *, force: bool = False,
+                    namespace: Optional[str] = None) -> Iterator[tuple[str, dict]]:
+    """Server-side apply each document; yields (`KIND/NAME created|configured|unchanged`, the object
+    as the server returned it). `namespace`: the one given with -n, which a document's own must match."""
+    from kubernetes.dynamic import DynamicClient
+    from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
+
+    client = DynamicClient(cluster.api)
+    for doc in documents:
+        try:
+            resource = client.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+        except ResourceNotFoundError:
+            hint = " (install the CRD: kubectl apply -f manifests/crd.yaml, or the Helm chart)" if doc["kind"] == KIND else ""
+            raise VerbError(f"the cluster has no {doc['kind']} in {doc['apiVersion']}{hint}") from None
+        name, ns = doc["metadata"]["name"], None
+        if resource.namespaced:
+            own = doc["metadata"].get("namespace")
+            if own and namespace and own != namespace:
+                raise VerbError(f"{kind_name(doc)} says namespace {own}, -n says {namespace}", INVALID)
+            ns = own or cluster.namespace
+            doc = {**doc, "metadata": {**doc["metadata"], "namespace": ns}}
+        try:
+            before = resource.get(name=name, namespace=ns).to_dict()
+        except NotFoundError:
+            before = None
+        after = client.server_side_apply(resource, body=doc, name=name, namespace=ns, field_manager=FIELD_MANAGER,
+                                         force_conflicts=force).to_dict()
+        if before is None:
+            verb = "created"
+        elif before["metadata"].get("resourceVersion") == after["metadata"].get("resourceVersion"):
+            verb = "unchanged"
+        else:
+            verb = "configured"
+        yield f"{kind_name(doc)} {verb}", after
