@@ -10,9 +10,11 @@ be running. Once the pods are gone the files are still on the checkpoint volume,
 from __future__ import annotations
 
 import io
+import signal
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from pathlib import Path, PurePosixPath
 from typing import Optional
@@ -109,6 +111,9 @@ def serve(cluster: Cluster, name: str, dest: Path, *, port: int, host: str, refr
     from urllib3.exceptions import HTTPError
 
     proc = subprocess.Popen(command)
+    # Stopped by a signal rather than Ctrl-C (a terminal's kill, a test), TensorBoard must stop too.
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _stop) if in_main else None
     try:
         next_copy = time.monotonic() + refresh
         while proc.poll() is None:
@@ -123,12 +128,19 @@ def serve(cluster: Cluster, name: str, dest: Path, *, port: int, host: str, refr
     except KeyboardInterrupt:
         return 0
     finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
         if proc.poll() is None:
             proc.terminate()
             try:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait()
+
+
+def _stop(signum, frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 def default_dest(name: str, namespace: Optional[str]) -> Path:

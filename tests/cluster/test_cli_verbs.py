@@ -325,6 +325,8 @@ def serve_tensorboard(cluster, namespace: str, name: str, logdir: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(20)
+    with pytest.raises(OSError):  # stopping `rosetta tensorboard` stopped TensorBoard
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2)
 
 
 def test_what_the_verbs_refuse(live_cluster, live_namespace, tmp_path):
