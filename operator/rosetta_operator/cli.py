@@ -14,6 +14,10 @@ def _add_host_path_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-host-path", action="store_true", help="accept hostPath volumes in specs")
 
 
+def _add_policy_argument(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--policy", metavar="FILE", help=help)
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
     from rosetta_trainer.cli import add_document_arguments
 
@@ -24,12 +28,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_document_arguments(p)
     p.add_argument("-n", "--namespace", help="namespace (default: metadata.namespace or 'default')")
     _add_host_path_argument(p)
+    _add_policy_argument(p, "refuse, as the operator would, what this admin policy (YAML) does not allow")
     p.set_defaults(func=_cmd_render)
 
     p = sub.add_parser("validate", help="check a TranslationTraining file as the operator would, "
                                          "and its data files when they are on this machine")
     add_document_arguments(p)
     _add_host_path_argument(p)
+    _add_policy_argument(p, "check the file against this admin policy (YAML), as the operator would")
     p.add_argument("--skip-data", action="store_true", help="do not read the data files")
     p.set_defaults(func=_cmd_validate)
 
@@ -50,6 +56,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--liveness-port", type=int, default=8080, help="port of the /healthz endpoint")
     _add_host_path_argument(p)
     p.add_argument("--metrics-port", type=int, default=8000, help="port of the operator's Prometheus metrics")
+    _add_policy_argument(p, "admin policy (YAML): registries, ServiceAccounts, priority classes, tolerations, "
+                            "host paths, nodes and GPUs a training may use (docs/operator.md, Security)")
     p.add_argument("--peering", metavar="NAME",
                    help="coordinate replicas through this KopfPeering (installed by the Helm chart); "
                         "default: standalone, one replica")
@@ -63,12 +71,31 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def _load_and_render(args):
+    from rosetta_operator.policy import PolicyViolation, load_policy, violations
     from rosetta_operator.render import render
     from rosetta_operator.spec import load_training
 
-    training = load_training(args.file, args.overrides, allow_host_path=args.allow_host_path)
+    policy = load_policy(args.policy) if args.policy else None
+    allow_host_path = args.allow_host_path or bool(policy and policy.allows_host_path)
+    training = load_training(args.file, args.overrides, allow_host_path=allow_host_path)
+    forbidden = violations(training.spec, policy) if policy else []
+    if forbidden:
+        raise PolicyViolation(forbidden, args.file, args.policy)
     namespace = getattr(args, "namespace", None) or training.metadata.namespace or "default"
     return training, render(training.metadata.name, namespace, training.spec)
+
+
+def _policy_errors(command):
+    """A policy file that cannot be used: one line and exit status 2, as a bad spec gets."""
+    def run(args) -> int:
+        from rosetta_operator.policy import PolicyError
+
+        try:
+            return command(args)
+        except PolicyError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    return run
 
 
 def _cmd_crd(args) -> int:
@@ -80,6 +107,7 @@ def _cmd_crd(args) -> int:
     return 0
 
 
+@_policy_errors
 def _cmd_render(args) -> int:
     import yaml
 
@@ -88,6 +116,7 @@ def _cmd_render(args) -> int:
     return 0
 
 
+@_policy_errors
 def _cmd_validate(args) -> int:
     # Rendering too catches what only the names reveal (pod hostnames over 63 characters).
     training, rendered = _load_and_render(args)
@@ -145,6 +174,7 @@ def _cmd_run(args) -> int:
         return 2
 
 
+@_policy_errors
 def _cmd_operator(args) -> int:
     from rosetta_operator.main import run
 

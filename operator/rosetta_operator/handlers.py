@@ -2,6 +2,7 @@
 
     TranslationTraining created / resumed / spec changed  →  reconcile()
         invalid spec       → status Failed + condition Valid=False (InvalidSpec) + Warning event; nothing created
+        not allowed by the admin's policy (--policy)  →  the same, with reason ForbiddenByPolicy
         no JobSet yet      → create ConfigMap, then JobSet (owned by the training: deletion is plain GC)
         JobSet exists      → an edit of spec.suspend is applied to it (rosetta.dev/applied-suspend says
                              which value was applied last); any other change is refused (SpecChangeRefused)
@@ -44,6 +45,7 @@ import prometheus_client
 from kubernetes.client.rest import ApiException
 
 from rosetta_trainer.config import API_VERSION, KIND, ConfigError, MetricsSpec
+from rosetta_operator import policy as pol
 from rosetta_operator import progress as pr
 from rosetta_operator import scrape
 from rosetta_operator import status as st
@@ -63,9 +65,10 @@ KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 APPLIED_SPEC = "rosetta.dev/applied-spec"
 # Changes that never need a new JobSet. Everything else would mean recreating a running gang.
 MUTABLE_FIELDS = frozenset({"suspend"})
-# Env knobs: the CLI flags --allow-host-path and --progress-interval reach kopf through memo,
+# Env knobs: the CLI flags --allow-host-path, --policy and --progress-interval reach kopf through memo,
 # `kopf run` through these.
 ALLOW_HOST_PATH_ENV = "ROSETTA_ALLOW_HOST_PATH"
+POLICY_ENV = "ROSETTA_POLICY"
 PROGRESS_INTERVAL_ENV = "ROSETTA_PROGRESS_INTERVAL"
 DEFAULT_PROGRESS_INTERVAL = 15.0
 # A trainer that does not answer this fast is busy or gone; the next round tries again. The whole
@@ -269,7 +272,10 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
     # Handlers are synchronous (kubernetes client); threads bound the concurrent API calls.
     settings.execution.max_workers = 8
 
-    memo.allow_host_path = bool(memo.get("allow_host_path", os.environ.get(ALLOW_HOST_PATH_ENV) == "1"))
+    if "policy" not in memo:  # `kopf run`; `rosetta operator --policy` loads it before kopf starts
+        memo.policy = pol.load_policy(os.environ[POLICY_ENV]) if os.environ.get(POLICY_ENV) else None
+    memo.allow_host_path = bool(memo.get("allow_host_path", os.environ.get(ALLOW_HOST_PATH_ENV) == "1")) \
+        or bool(memo.policy and memo.policy.allows_host_path)
     # How often the progress daemon scrapes each active training's rank 0.
     memo.progress_interval = float(memo.get("progress_interval")
                                    or os.environ.get(PROGRESS_INTERVAL_ENV) or DEFAULT_PROGRESS_INTERVAL)
@@ -286,8 +292,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
     memo.workload_decisions = Decisions()
     if memo.get("metrics_port"):
         prometheus_client.start_http_server(memo.metrics_port)
-    logger.info("rosetta operator configured (allow_host_path=%s, progress_interval=%ss)",
-                memo.allow_host_path, memo.progress_interval)
+    logger.info("rosetta operator configured (allow_host_path=%s, progress_interval=%ss, policy: %s)",
+                memo.allow_host_path, memo.progress_interval,
+                "none" if memo.policy is None else ", ".join(memo.policy.limits()) or "no limits")
 
 
 @kopf.on.cleanup()
@@ -313,6 +320,11 @@ def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str, uid: 
                 "metadata": {"name": name, "namespace": namespace}, "spec": dict(spec)}
     try:
         training = parse_training(document, allow_host_path=memo.allow_host_path)
+        forbidden = pol.violations(training.spec, memo.policy) if memo.get("policy") else []
+        if forbidden:
+            record_outcome("forbidden")
+            report_invalid(api, body, forbidden, logger, reason=st.Reason.FORBIDDEN_BY_POLICY)
+            return
         rendered = render(name, namespace, training.spec, owner=body)
     except ConfigError as exc:
         record_outcome("invalid")
@@ -384,28 +396,30 @@ def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str, uid: 
 
 
 def report_invalid(api: kubernetes.client.ApiClient, body: kopf.Body, errors: list[tuple[str, str]],
-                   logger: logging.Logger) -> None:
-    """A spec that can never work: say which field and why, in status and as a Warning event.
+                   logger: logging.Logger, reason: str = st.Reason.INVALID_SPEC) -> None:
+    """A spec that can never work (InvalidSpec) or may not run here (ForbiddenByPolicy): say which
+    field and why, in status and as a Warning event.
 
     Not a raised kopf.PermanentError: that would mark the handler failed for good, and the next
     edit that fixes the spec must still be reconciled. A JobSet that already runs keeps running:
     only the edit is refused.
     """
     message = st.invalid_spec_message(errors)
-    logger.warning("invalid spec: %s", message)
-    kopf.warn(body, reason=st.Reason.INVALID_SPEC, message=message)
+    logger.warning("%s: %s", "forbidden by policy" if reason == st.Reason.FORBIDDEN_BY_POLICY else "invalid spec",
+                   message)
+    kopf.warn(body, reason=reason, message=message)
     generation = body.metadata.get("generation")
     name, namespace = body.metadata["name"], body.metadata["namespace"]
     jobset_name = (body.get("status") or {}).get("jobSetName")
 
     def compute(parent: Mapping, current: Mapping) -> dict:
-        invalid = st.Cond(st.ConditionType.VALID, st.FALSE, st.Reason.INVALID_SPEC, message)
+        invalid = st.Cond(st.ConditionType.VALID, st.FALSE, reason, message)
         if jobset_name and get_jobset(api, namespace, jobset_name) is not None:
             desired = dict(current)
-            updates = (invalid, st.Cond(st.ConditionType.SPEC_APPLIED, st.FALSE, st.Reason.INVALID_SPEC, message))
+            updates = (invalid, st.Cond(st.ConditionType.SPEC_APPLIED, st.FALSE, reason, message))
         else:
             desired = {**current, "phase": st.Phase.FAILED, "message": message}
-            updates = (invalid, st.Cond(st.ConditionType.FAILED, st.TRUE, st.Reason.INVALID_SPEC, message))
+            updates = (invalid, st.Cond(st.ConditionType.FAILED, st.TRUE, reason, message))
         desired["observedGeneration"] = generation
         desired["conditions"] = st.upsert_conditions(current.get("conditions") or [], updates,
                                                      now=now(), generation=generation)

@@ -46,6 +46,7 @@ class ConditionType:
 class Reason:
     SPEC_VALID = "SpecValid"
     INVALID_SPEC = "InvalidSpec"
+    FORBIDDEN_BY_POLICY = "ForbiddenByPolicy"  # valid, but the admin's policy (policy.py) does not allow it
     JOBSET_CREATED = "JobSetCreated"
     NAME_CONFLICT = "NameConflict"
     JOBSET_DELETED = "JobSetDeleted"
