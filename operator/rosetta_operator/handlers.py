@@ -4,6 +4,9 @@
         invalid spec       → status Failed + condition Valid=False (InvalidSpec) + Warning event; nothing created
         not allowed by the admin's policy (--policy)  →  the same, with reason ForbiddenByPolicy
         no JobSet yet      → create ConfigMap, then JobSet (owned by the training: deletion is plain GC)
+        API refuses either → for good (422, 400, 413, an admission denial): status Failed, condition
+                             Created=False (CreateRejected), Warning event, no retry until the spec changes;
+                             for now (a ResourceQuota): Created=False (QuotaExceeded), retried every 30 s
         JobSet exists      → an edit of spec.suspend is applied to it (rosetta.dev/applied-suspend says
                              which value was applied last); any other change is refused (SpecChangeRefused)
     JobSet event (labelled rosetta.dev/training)  →  jobset_changed()  →  status phase and conditions
@@ -37,7 +40,7 @@ import random
 import threading
 import time
 from collections import Counter
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional
 
 import kopf
 import kubernetes
@@ -70,6 +73,8 @@ MUTABLE_FIELDS = frozenset({"suspend"})
 ALLOW_HOST_PATH_ENV = "ROSETTA_ALLOW_HOST_PATH"
 POLICY_ENV = "ROSETTA_POLICY"
 PROGRESS_INTERVAL_ENV = "ROSETTA_PROGRESS_INTERVAL"
+# How soon a create that a ResourceQuota refused is tried again: quota frees up as other work ends.
+QUOTA_RETRY_DELAY = 30.0
 DEFAULT_PROGRESS_INTERVAL = 15.0
 # A trainer that does not answer this fast is busy or gone; the next round tries again. The whole
 # exchange, not each read (scrape.py); nor is more than SCRAPE_MAX_BYTES of an answer read.
@@ -205,6 +210,15 @@ class Decisions:
             self._last.pop(key, None)
 
 
+class Wait(kopf.TemporaryError):
+    """A retry that is planned, not a failure (a ResourceQuota that is full): kopf calls the handler
+    again after `delay`, and `instrumented` counts the call under `outcome`."""
+
+    def __init__(self, message: str, outcome: str, delay: float):
+        super().__init__(message, delay=delay)
+        self.outcome = outcome
+
+
 def record_outcome(outcome: str) -> None:
     """Name how the running handler call ended (default: ok); the `instrumented` wrapper counts it."""
     _handler_state.outcome = outcome
@@ -212,7 +226,8 @@ def record_outcome(outcome: str) -> None:
 
 def instrumented(handler: str) -> Callable:
     """Count and time every call of a sync handler: outcome, errors, seconds. Sync handlers run in
-    kopf's worker threads, one call per thread at a time, so the outcome is a thread-local."""
+    kopf's worker threads, one call per thread at a time, so the outcome is a thread-local. A
+    `Wait` is counted under its own outcome, not as an error."""
     def decorate(fn: Callable) -> Callable:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -220,6 +235,9 @@ def instrumented(handler: str) -> Callable:
             started = time.perf_counter()
             try:
                 result = fn(*args, **kwargs)
+            except Wait as wait:
+                RECONCILES.labels(handler, wait.outcome).inc()
+                raise
             except Exception:
                 RECONCILE_ERRORS.labels(handler).inc()
                 RECONCILES.labels(handler, "error").inc()
@@ -337,10 +355,22 @@ def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str, uid: 
     if jobset is None:
         rendered.jobset["metadata"].setdefault("annotations", {})[APPLIED_SPEC] = json.dumps(
             applied_spec, sort_keys=True, separators=(",", ":"))
-        ensure_configmap(api, body, rendered.configmap)
-        with memo.own_creations.creating(namespace, jobset_name):
-            jobset = create_jobset(api, body, rendered.jobset)
-            memo.own_creations.add(jobset)  # its status is written below, not by its ADDED event
+        child = f"ConfigMap {rendered.names.configmap}"
+        try:
+            ensure_configmap(api, body, rendered.configmap)
+            child = f"JobSet {jobset_name}"
+            with memo.own_creations.creating(namespace, jobset_name):
+                jobset = create_jobset(api, body, rendered.jobset)
+                memo.own_creations.add(jobset)  # its status is written below, not by its ADDED event
+        except ApiException as exc:
+            refusal = create_refusal(exc)
+            if refusal is None:
+                raise  # transient (409 after a race, 429, 5xx, RBAC being fixed): kopf retries
+            report_refused(api, body, f"the API refused {child}: {refusal.message}", refusal.reason, logger)
+            if refusal.reason == st.Reason.QUOTA_EXCEEDED:
+                raise Wait(f"{child}: {refusal.message}", "quota", delay=QUOTA_RETRY_DELAY) from None
+            record_outcome("rejected")
+            return  # for good: the next reconcile is the next edit of the spec (or an operator restart)
         logger.info("created JobSet %s and ConfigMap %s", jobset_name, rendered.names.configmap)
     else:
         _check_owned(api, body, jobset)
@@ -426,6 +456,75 @@ def report_invalid(api: kubernetes.client.ApiClient, body: kopf.Body, errors: li
         return desired
 
     write_status(api, namespace, name, body.metadata["uid"], compute, parent=body)
+
+
+class Refusal(NamedTuple):
+    reason: str   # st.Reason.CREATE_REJECTED (for good) or st.Reason.QUOTA_EXCEEDED (for now)
+    message: str  # the API's, on one line
+
+
+def create_refusal(exc: ApiException) -> Optional[Refusal]:
+    """What the API's answer to creating a child means when retrying it as it is cannot help; None
+    when it can, and kopf retries with its backoff.
+
+    400 BadRequest, 413 RequestEntityTooLarge, 422 Invalid (schema, CEL, a ValidatingAdmissionPolicy)
+    and a 403 in which admission "denied the request" (a webhook, or a policy that answers Forbidden):
+    the same object would be refused again, so CreateRejected until the spec changes. A 403 from a
+    ResourceQuota ("exceeded quota") clears as other work ends: QuotaExceeded, and retried. Any other
+    403 (the operator's own RBAC, a namespace being deleted), 404 (no JobSet CRD yet), 409, 429 and
+    5xx are retried as they always were.
+    """
+    message = api_message(exc)
+    if exc.status in (400, 413, 422):
+        return Refusal(st.Reason.CREATE_REJECTED, message)
+    if exc.status == 403:
+        if "exceeded quota" in message:
+            return Refusal(st.Reason.QUOTA_EXCEEDED, message)
+        if "denied the request" in message or "denied request" in message:
+            return Refusal(st.Reason.CREATE_REJECTED, message)
+    return None
+
+
+def api_message(exc: ApiException, limit: int = 800) -> str:
+    """The Status message of an API error, on one line and cut to `limit` (it may quote the object,
+    whose values are the user's own spec: nothing from a Secret is ever rendered into it)."""
+    message = ""
+    try:
+        message = str((json.loads(exc.body or "") or {}).get("message") or "")
+    except (ValueError, TypeError, AttributeError):
+        pass
+    text = " ".join((message or f"{exc.status} {exc.reason or ''}").split())
+    return st.truncate(text, limit)
+
+
+def report_refused(api: kubernetes.client.ApiClient, body: kopf.Body, message: str, reason: str,
+                   logger: logging.Logger) -> None:
+    """The API refused the ConfigMap or JobSet: Created=False with its message, and a Warning event
+    when the condition says something new (a refused quota is retried without a new event each time).
+    For good (CreateRejected): phase Failed. For now (QuotaExceeded): phase Pending."""
+    logger.warning("%s", message)
+    generation = body.metadata.get("generation")
+    name, namespace = body.metadata["name"], body.metadata["namespace"]
+    news: list[bool] = [True]
+    final = reason != st.Reason.QUOTA_EXCEEDED
+
+    def compute(parent: Mapping, current: Mapping) -> dict:
+        before = st.condition(current, st.ConditionType.CREATED) or {}
+        news[:] = [not (before.get("reason") == reason and before.get("message") == message
+                        and before.get("observedGeneration") == generation)]
+        updates = [st.Cond(st.ConditionType.VALID, st.TRUE, st.Reason.SPEC_VALID),
+                   st.Cond(st.ConditionType.CREATED, st.FALSE, reason, message)]
+        if final:
+            updates.append(st.Cond(st.ConditionType.FAILED, st.TRUE, reason, message))
+        desired = {**current, "phase": st.Phase.FAILED if final else st.Phase.PENDING, "message": message,
+                   "observedGeneration": generation}
+        desired["conditions"] = st.upsert_conditions(current.get("conditions") or [], updates,
+                                                     now=now(), generation=generation)
+        return desired
+
+    write_status(api, namespace, name, body.metadata["uid"], compute, parent=body)
+    if news[0]:
+        kopf.warn(body, reason=reason, message=message)
 
 
 # --------------------------------------------------------------------------- JobSet watch

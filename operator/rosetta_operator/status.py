@@ -49,6 +49,8 @@ class Reason:
     FORBIDDEN_BY_POLICY = "ForbiddenByPolicy"  # valid, but the admin's policy (policy.py) does not allow it
     JOBSET_CREATED = "JobSetCreated"
     NAME_CONFLICT = "NameConflict"
+    CREATE_REJECTED = "CreateRejected"    # the API refused the ConfigMap or JobSet for good (422, 400, 413, …)
+    QUOTA_EXCEEDED = "QuotaExceeded"      # a ResourceQuota refused it for now; retried
     JOBSET_DELETED = "JobSetDeleted"
     SPEC_IN_SYNC = "SpecInSync"
     SPEC_CHANGE_REFUSED = "SpecChangeRefused"

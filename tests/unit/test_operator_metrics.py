@@ -29,6 +29,20 @@ def test_instrumented_counts_outcomes_errors_and_time():
     assert value("rosetta_operator_reconcile_seconds_count", handler="unit") == 2
 
 
+def test_a_planned_wait_is_counted_under_its_outcome_not_as_an_error():
+    import kopf
+
+    @handlers.instrumented("unit-wait")
+    def handler(**_):
+        raise handlers.Wait("quota is full", "quota", delay=30)
+
+    with pytest.raises(kopf.TemporaryError):
+        handler()
+    assert value("rosetta_operator_reconciles_total", handler="unit-wait", outcome="quota") == 1
+    assert value("rosetta_operator_reconciles_total", handler="unit-wait", outcome="error") == 0
+    assert value("rosetta_operator_reconcile_errors_total", handler="unit-wait") == 0
+
+
 def test_phase_gauge_follows_transitions_and_deletions():
     handlers._PHASES.clear()
 
