@@ -192,6 +192,73 @@ def test_allow_host_path_flag():
     assert "--allow-host-path" in container(render({"operator": {"allowHostPath": True}}))["args"]
 
 
+# --------------------------------------------------------------------------------- policy
+
+POLICY_FILE = "/etc/rosetta/policy.yaml"
+
+
+def test_policy_values_are_the_policy_fields_and_limit_nothing_by_default():
+    from rosetta_operator.policy import Policy
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["policy"]
+    aliases = {f.alias for f in Policy.model_fields.values()}
+    assert set(values) <= aliases, set(values) - aliases
+    # allowHostPath stays with operator.allowHostPath (--allow-host-path): one switch, not two.
+    assert aliases - set(values) == {"allowHostPath"}
+    assert Policy.model_validate({k: v for k, v in values.items() if v is not None}, by_name=False) == Policy()
+    objects = render()
+    assert of_kind(objects, "ConfigMap") == []
+    assert not [a for a in container(objects)["args"] if a.startswith("--policy")]
+    assert "annotations" not in one(objects, "Deployment")["spec"]["template"]["metadata"]
+
+
+def test_policy_is_a_configmap_the_operator_reads(tmp_path):
+    import argparse
+
+    from rosetta_operator.cli import add_commands
+    from rosetta_operator.policy import load_policy
+
+    policy = {"allowedRegistries": ["ghcr.io/rosetta-dev/"], "allowedServiceAccounts": ["default", "s3"],
+              "allowServiceAccountToken": False, "allowedPriorityClasses": ["batch"],
+              "allowedTolerationKeys": ["nvidia.com/gpu"], "allowTolerateAll": False,
+              "allowedHostPaths": ["/mnt/data"], "maxNodes": 16, "maxGpusPerNode": 8, "maxGpusPerTraining": 64,
+              "allowRootGroup": False}
+    objects = render({"policy": policy})
+    configmap = one(objects, "ConfigMap")
+    assert configmap["metadata"]["name"] == "rosetta-policy"
+    (tmp_path / "policy.yaml").write_text(configmap["data"]["policy.yaml"])
+    assert load_policy(tmp_path / "policy.yaml").model_dump(by_alias=True) == {"allowHostPath": False, **policy}
+
+    pod = one(objects, "Deployment")["spec"]["template"]
+    c = container(objects)
+    assert c["args"][-1] == f"--policy={POLICY_FILE}"
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "policy")
+    assert mount == {"name": "policy", "mountPath": POLICY_FILE.rsplit("/", 1)[0], "readOnly": True}
+    assert {"name": "policy", "configMap": {"name": "rosetta-policy"}} in pod["spec"]["volumes"]
+    parser = argparse.ArgumentParser()
+    add_commands(parser.add_subparsers())
+    assert parser.parse_args(c["command"][1:] + c["args"]).policy == POLICY_FILE
+    # The operator reads it at startup: another policy, another pod template.
+    other = one(render({"policy": {**policy, "maxNodes": 8}}), "Deployment")["spec"]["template"]
+    assert pod["metadata"]["annotations"]["checksum/policy"] != other["metadata"]["annotations"]["checksum/policy"]
+
+
+@pytest.mark.parametrize("policy, written", [
+    ({"maxNodes": 4}, {"maxNodes": 4}),
+    ({"maxGpusPerNode": 0}, {"maxGpusPerNode": 0}),          # 0 is a limit (CPU only), null is none
+    ({"allowRootGroup": False, "allowTolerateAll": True}, {"allowRootGroup": False}),
+    ({"allowedRegistries": [], "allowServiceAccountToken": True}, None),
+], ids=["number", "zero", "false", "defaults"])
+def test_policy_writes_only_what_limits_something(policy, written):
+    configmaps = of_kind(render({"policy": policy}), "ConfigMap")
+    assert [yaml.safe_load(c["data"]["policy.yaml"]) for c in configmaps] == ([written] if written else [])
+
+
+def test_policy_beside_pod_annotations():
+    pod = one(render({"podAnnotations": {"a": "b"}, "policy": {"maxNodes": 2}}), "Deployment")["spec"]["template"]
+    assert pod["metadata"]["annotations"]["a"] == "b" and "checksum/policy" in pod["metadata"]["annotations"]
+
+
 def test_existing_service_account_and_no_rbac():
     objects = render({"serviceAccount": {"create": False, "name": "ops"}, "rbac": {"create": False}})
     assert of_kind(objects, "ServiceAccount") == []

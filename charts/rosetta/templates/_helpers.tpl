@@ -55,6 +55,23 @@ app.kubernetes.io/component: operator
 {{- if or .Values.peering.enabled (gt (int .Values.replicaCount) 1) }}true{{ end }}
 {{- end }}
 
+{{/* The admin policy file (`rosetta operator --policy`): the `policy` values that limit something,
+     as YAML; empty when none does, and then the operator runs without a policy. Booleans that
+     default to true are limits when false; any other value is a limit when set (an empty list and
+     null are not). */}}
+{{- define "rosetta.policy" -}}
+{{- $permissive := dict "allowServiceAccountToken" true "allowTolerateAll" true "allowRootGroup" true }}
+{{- $set := dict }}
+{{- range $key, $value := .Values.policy }}
+{{- if hasKey $permissive $key }}
+{{- if not (eq $value (get $permissive $key)) }}{{ $_ := set $set $key $value }}{{ end }}
+{{- else if and (not (kindIs "invalid" $value)) (or (not (kindIs "slice" $value)) $value) }}
+{{- $_ := set $set $key $value }}
+{{- end }}
+{{- end }}
+{{- if $set }}{{ toYaml $set }}{{ end }}
+{{- end }}
+
 {{/* What the operator does inside a watched namespace (handlers.py, plus kopf itself). */}}
 {{- define "rosetta.namespacedRules" -}}
 # TranslationTrainings: watched; kopf keeps its progress and diff base in annotations (patch).
