@@ -91,7 +91,7 @@ class LiveOperator:
 
     def start(self) -> None:
         self.starts += 1
-        port = free_port()
+        self.port = port = free_port()  # its /healthz
         self.proc = OperatorProcess(self.cluster, f"operator-{self.namespace}-{self.starts}", "--namespace",
                                     self.namespace, "--liveness-port", str(port), "--metrics-port", "0",
                                     "--progress-interval", "2")
