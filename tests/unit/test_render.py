@@ -315,6 +315,18 @@ def test_unset_optional_fields_are_left_out():
     assert "kueue.x-k8s.io/queue-name" not in rendered.jobset["metadata"]["labels"]
 
 
+@pytest.mark.parametrize("cluster", [{}, {"gpusPerNode": 8, "network": {"profile": "eks-p5"},
+                                          "training": {**TRAINER["training"], "device": "cuda"}}],
+                         ids=["cpu", "eks-p5"])
+def test_pods_never_share_the_nodes_namespaces_or_gain_privileges(cluster):
+    pod = pod_spec(build(**cluster))
+    assert not {"hostNetwork", "hostPID", "hostIPC", "hostUsers", "shareProcessNamespace"} & set(pod)
+    for c in pod["containers"] + pod.get("initContainers", []):
+        sc = c["securityContext"]
+        assert "privileged" not in sc and sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+
+
 # ---------------------------------------------------------------- suspend and Kueue
 
 

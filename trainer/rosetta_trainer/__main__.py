@@ -45,7 +45,6 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
 
     from rosetta_trainer import checkpoint as ckpt
     from rosetta_trainer import final_result, s3_mirror
-    from rosetta_trainer.batching import encode
     from rosetta_trainer.cpu_allocator import keep_freed_memory
     from rosetta_trainer.data_checks import describe, read_checked
     from rosetta_trainer.distributed import barrier, close, init_world
@@ -53,6 +52,7 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
     from rosetta_trainer.loop import Position, Trainer
     from rosetta_trainer.deepspeed_backend import is_deepspeed_checkpoint, partitioned_loading
     from rosetta_trainer.models import build_model, count_parameters, load_pretrained, model_from_config
+    from rosetta_trainer.shards import PREPARED_DIR, prepare_corpus
     from rosetta_trainer.telemetry import Telemetry
 
     spec = document.spec
@@ -90,8 +90,10 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
     d = spec.data
     tokenizer = _prepare_tokenizer(spec, model_inputs(train_examples, d.source_lang, use_prefix),
                                    [e.target for e in train_examples], output, world, resume_from)
-    corpus = encode(tokenizer, model_inputs(train_examples, d.source_lang, use_prefix),
-                    [e.target for e in train_examples], d.max_source_length, d.max_target_length)
+    # tokenized once per corpus and tokenizer into <output>/prepared/, then memory-mapped (shards.py)
+    corpus = prepare_corpus(output / PREPARED_DIR, tokenizer, model_inputs(train_examples, d.source_lang, use_prefix),
+                            [e.target for e in train_examples], d.max_source_length, d.max_target_length, world)
+    data.train = train_examples = None  # only the ids are needed from here on: let the text go
 
     # 3. model: the same initial weights on every rank, then per-rank dropout streams
     _seed_everything(spec.training.seed)
@@ -106,7 +108,7 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
                                 max_length=max(d.max_source_length, d.max_target_length))
     _seed_everything(spec.training.seed + world.rank)
     log.info("model %s, %.1fM parameters, %d training pairs, world size %d, device %s",
-             type(model).__name__, count_parameters(model) / 1e6, len(train_examples), world.size, world.device)
+             type(model).__name__, count_parameters(model) / 1e6, len(corpus), world.size, world.device)
 
     # 4. position: fresh, or exactly where the newest complete checkpoint stopped
     position = Position()

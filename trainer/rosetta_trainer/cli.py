@@ -25,6 +25,12 @@ def _add_trainer_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_train)
 
+    p = sub.add_parser("prepare", help="tokenize the training data once into <output>/prepared/ (train maps it)")
+    add_document_arguments(p)
+    p.add_argument("-o", "--output", help="output directory of the training (default: runs/<metadata.name>)")
+    p.add_argument("--workers", type=int, help="tokenizing processes (default: one per core)")
+    p.set_defaults(func=_cmd_prepare)
+
     p = sub.add_parser("evaluate", help="evaluate a saved checkpoint or exported model")
     p.add_argument("--checkpoint", required=True, help="checkpoint or model directory")
     add_document_arguments(p, required=False,
@@ -57,6 +63,12 @@ def _cmd_train(args) -> int:
     progress = not args.no_progress and sys.stderr.isatty()
     train_from_file(args.file, output=args.output, overrides=args.overrides, progress=progress)
     return 0
+
+
+def _cmd_prepare(args) -> int:
+    from rosetta_trainer.shards import prepare_command
+
+    return prepare_command(args)
 
 
 def _cmd_evaluate(args) -> int:
