@@ -19,6 +19,8 @@ IGNORE_INDEX = -100  # labels with this value do not contribute to the loss
 
 @dataclass
 class EncodedCorpus:
+    """Token ids in memory (shards.ShardedCorpus offers the same from memory-mapped files)."""
+
     sources: list[list[int]]
     targets: list[list[int]]
 
@@ -99,9 +101,9 @@ def collate(corpus: EncodedCorpus, indices: list[int], pad_id: int, flops=None) 
     attention = torch.zeros((b, ls), dtype=torch.long)
     labels = torch.full((b, lt), IGNORE_INDEX, dtype=torch.long)
     for row, (s, t) in enumerate(zip(srcs, tgts)):
-        input_ids[row, : len(s)] = torch.tensor(s)
+        input_ids[row, : len(s)] = _ids(s)
         attention[row, : len(s)] = 1
-        labels[row, : len(t)] = torch.tensor(t)
+        labels[row, : len(t)] = _ids(t)
     src_lengths, tgt_lengths = [len(s) for s in srcs], [len(t) for t in tgts]
     counts = [sum(src_lengths) + sum(tgt_lengths), sum(tgt_lengths), b,
               flops(src_lengths, tgt_lengths) if flops is not None else 0.0]
@@ -111,6 +113,14 @@ def collate(corpus: EncodedCorpus, indices: list[int], pad_id: int, flops=None) 
         "labels": labels,
         "counts": torch.tensor(counts, dtype=torch.float64),
     }
+
+
+def _ids(seq) -> torch.Tensor:
+    # A prepared corpus (shards.py) gives uint16/uint32 views of a memory map; torch has no
+    # general uint16 arithmetic, so widen them here.
+    if isinstance(seq, np.ndarray):
+        return torch.from_numpy(seq.astype(np.int64))
+    return torch.tensor(seq)
 
 
 class BatchLoader(torch.utils.data.Dataset):

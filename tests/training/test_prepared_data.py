@@ -1,0 +1,67 @@
+"""Training from prepared (memory-mapped) data is the training from in-memory ids, resumed exactly,
+and `rosetta prepare` saves a later training the tokenizing."""
+
+import logging
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from support.training import read_jsonl
+from rosetta_trainer import shards
+from rosetta_trainer.__main__ import train_from_file
+from rosetta_trainer.batching import encode
+from rosetta_trainer.checkpoint import latest_checkpoint
+from rosetta_trainer.cli import main
+
+pytestmark = pytest.mark.slow
+
+
+def in_memory(root, tokenizer, sources, targets, max_source, max_target, world, **_):
+    """What the trainer did before shards.py: every rank's ids as Python lists."""
+    return encode(tokenizer, sources, targets, max_source, max_target)
+
+
+def weights(out):
+    return load_file(str(latest_checkpoint(out / "checkpoints") / "model" / "model.safetensors"))
+
+
+def test_prepare_then_train_maps_and_matches_the_in_memory_run(write_config, tmp_path, monkeypatch, caplog, capsys):
+    n = 10
+    cfg = str(write_config())
+    with monkeypatch.context() as m:
+        m.setattr(shards, "prepare_corpus", in_memory)
+        straight = tmp_path / "in-memory"
+        train_from_file(cfg, str(straight), overrides=[f"spec.training.maxSteps={2 * n}"], progress=False)
+    assert not (straight / shards.PREPARED_DIR).exists()
+
+    out = tmp_path / "prepared"
+    assert main(["prepare", "-f", cfg, "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"prepared: {out / shards.PREPARED_DIR}" in printed and "pairs: 800" in printed
+
+    caplog.set_level(logging.INFO, logger="rosetta_trainer.shards")
+    first = train_from_file(cfg, str(out), overrides=[f"spec.training.maxSteps={n}"], progress=False)
+    assert first["steps"] == n
+    assert "training data: mapped prepared 800 pairs" in caplog.text
+    assert "tokenized and wrote" not in caplog.text
+    second = train_from_file(cfg, str(out), overrides=[f"spec.training.maxSteps={2 * n}"], progress=False)
+    assert second["resumed_from_step"] == n
+    assert len(list((out / shards.PREPARED_DIR).iterdir())) == 1  # the resumed run mapped the same directory
+
+    a = {r["step"]: r["loss"] for r in read_jsonl(straight / "metrics.jsonl")}
+    b = {r["step"]: r["loss"] for r in read_jsonl(out / "metrics.jsonl")}
+    assert sorted(b) == list(range(1, 2 * n + 1))
+    assert [b[s] for s in sorted(b)] == [a[s] for s in sorted(b)]  # bitwise: the same batches, same order
+    wa, wb = weights(straight), weights(out)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_a_training_without_prepare_writes_the_data_once(write_config, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="rosetta_trainer.shards")
+    out = tmp_path / "run"
+    train_from_file(str(write_config()), str(out), overrides=["spec.training.maxSteps=4"], progress=False)
+    assert "training data: tokenized and wrote 800 pairs" in caplog.text
+    caplog.clear()
+    train_from_file(str(write_config()), str(out), overrides=["spec.training.maxSteps=6"], progress=False)
+    assert "training data: mapped prepared 800 pairs" in caplog.text

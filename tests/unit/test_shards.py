@@ -1,0 +1,160 @@
+"""Prepared training data: the ids of the in-memory path, one directory per corpus and tokenizer,
+never a half-written one, and one copy mapped by every rank."""
+
+import os
+import pickle
+import socket
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from rosetta_trainer import shards
+from rosetta_trainer.batching import collate, encode, plan_epoch
+from rosetta_trainer.config import TokenizerTraining
+from rosetta_trainer.corpus import generate_pairs
+from rosetta_trainer.distributed import World
+from rosetta_trainer.tokenization import load_tokenizer, train_tokenizer
+
+ALONE = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"), local_size=1)
+
+
+@pytest.fixture(scope="module")
+def pairs():
+    pairs = generate_pairs("de", 600, seed=1)
+    return [s for s, _ in pairs], [t for _, t in pairs]
+
+
+def _tokenizer(directory, sources, targets, vocab_size=200):
+    train_tokenizer(TokenizerTraining(type="unigram", vocab_size=vocab_size), [*sources, *targets], directory)
+    return load_tokenizer(directory)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(pairs, tmp_path_factory):
+    return _tokenizer(tmp_path_factory.mktemp("tok"), *pairs)
+
+
+def test_prepared_ids_are_the_in_memory_ids(pairs, tokenizer, tmp_path):
+    sources, targets = pairs
+    expected = encode(tokenizer, sources, targets, 12, 40)  # 12: some sources are truncated
+    corpus = shards.prepare_corpus(tmp_path, tokenizer, sources, targets, 12, 40, ALONE)
+
+    assert len(corpus) == len(expected) == len(sources)
+    assert corpus.meta["dtype"] == "uint16"
+    assert all(corpus.sources[i].tolist() == expected.sources[i] for i in range(len(corpus)))
+    assert all(corpus.targets[i].tolist() == expected.targets[i] for i in range(len(corpus)))
+    for mine, theirs in zip(corpus.lengths(), expected.lengths()):
+        assert mine.dtype == theirs.dtype and np.array_equal(mine, theirs)
+    # The same plan, and the same batch tensors.
+    plan = plan_epoch(*corpus.lengths(), seed=3, epoch=1, max_tokens=400)
+    assert plan == plan_epoch(*expected.lengths(), seed=3, epoch=1, max_tokens=400)
+    for batch in plan[:5]:
+        a, b = collate(corpus, batch, 0), collate(expected, batch, 0)
+        assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_worker_processes_give_the_same_ids(pairs, tokenizer):
+    sources, targets = pairs
+    alone = shards.tokenize(tokenizer, sources, targets, 48, 48, workers=1)
+    parallel = shards.tokenize(tokenizer, sources, targets, 48, 48, workers=2, chunk=70)
+    for (ids_a, len_a), (ids_b, len_b) in zip(alone, parallel):
+        assert np.array_equal(ids_a, ids_b) and np.array_equal(len_a, len_b)
+
+
+def test_ids_are_uint32_when_the_vocabulary_does_not_fit_uint16():
+    assert shards.id_dtype(2**16) == np.uint16
+    assert shards.id_dtype(2**16 + 1) == np.uint32
+    with pytest.raises(ValueError, match="does not fit"):
+        shards._flatten([[1, 70000]], np.dtype(np.uint16))
+
+
+def test_a_changed_pair_tokenizer_or_length_gives_a_new_directory(pairs, tokenizer, tmp_path):
+    sources, targets = pairs
+    key = shards.corpus_key(sources, targets, tokenizer, 48, 48)
+    assert shards.corpus_key(list(sources), list(targets), tokenizer, 48, 48) == key  # content, not identity
+    edited = [sources[0] + " x", *sources[1:]]
+    assert shards.corpus_key(edited, targets, tokenizer, 48, 48) != key
+    # The same text split differently between pairs is other data.
+    moved = [sources[0] + sources[1][:1], sources[1][1:], *sources[2:]]
+    assert shards.corpus_key(moved, targets, tokenizer, 48, 48) != key
+    assert shards.corpus_key(sources, targets, tokenizer, 40, 48) != key
+    other = _tokenizer(tmp_path / "other", sources, targets, vocab_size=150)
+    assert shards.corpus_key(sources, targets, other, 48, 48) != key
+
+
+def test_the_tokenizer_fingerprint_survives_a_call_and_a_save(tokenizer, tmp_path):
+    before = shards.tokenizer_fingerprint(tokenizer)
+    tokenizer(["a b c"], truncation=True, max_length=5)  # leaves truncation set on the backend
+    assert shards.tokenizer_fingerprint(tokenizer) == before
+    tokenizer.save_pretrained(tmp_path / "copy")
+    assert shards.tokenizer_fingerprint(load_tokenizer(tmp_path / "copy")) == before
+
+
+def test_a_half_written_directory_is_never_mapped(pairs, tokenizer, tmp_path):
+    sources, targets = pairs
+    key = shards.corpus_key(sources, targets, tokenizer, 48, 48)
+    half = tmp_path / key
+    half.mkdir()
+    np.save(half / "source_ids.npy", np.zeros(3, np.uint16))  # a crash before COMPLETE
+    (tmp_path / f".tmp-{key}-dead").mkdir()  # a crashed writer's temporary directory
+
+    corpus = shards.prepare_corpus(tmp_path, tokenizer, sources, targets, 48, 48, ALONE)
+    assert corpus.path == half and shards.is_complete(half)
+    assert len(corpus) == len(sources)
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(".tmp-")] == [key]
+
+
+def test_a_complete_directory_is_mapped_not_rewritten(pairs, tokenizer, tmp_path, caplog):
+    sources, targets = pairs
+    first = shards.prepare_corpus(tmp_path, tokenizer, sources, targets, 48, 48, ALONE)
+    stamp = (first.path / "source_ids.npy").stat().st_mtime_ns
+    caplog.set_level("INFO", logger="rosetta_trainer.shards")
+    second = shards.prepare_corpus(tmp_path, tokenizer, sources, targets, 48, 48, ALONE)
+    assert second.path == first.path and (first.path / "source_ids.npy").stat().st_mtime_ns == stamp
+    assert "mapped prepared 600 pairs" in caplog.text
+    assert isinstance(second.sources.ids, np.memmap)
+
+
+def test_a_pickled_corpus_reopens_its_files(pairs, tokenizer, tmp_path):
+    corpus = shards.prepare_corpus(tmp_path, tokenizer, *pairs, 48, 48, ALONE)
+    blob = pickle.dumps(corpus)
+    assert len(blob) < 1000  # the path, not the ids
+    again = pickle.loads(blob)
+    assert again.sources[5].tolist() == corpus.sources[5].tolist()
+
+
+def _rank(rank: int, port: int, root: str, tokenizer_dir: str, pairs, results) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2")
+    torch.distributed.init_process_group("gloo")
+    try:
+        world = World(rank=rank, local_rank=rank, size=2, device=torch.device("cpu"), local_size=2)
+        corpus = shards.prepare_corpus(root, load_tokenizer(tokenizer_dir), *pairs, 48, 48, world)
+        maps = [line.split()[-1] for line in open("/proc/self/maps") if str(corpus.path) in line]
+        results.put((rank, str(corpus.path), corpus.sources[7].tolist(), sorted(set(maps))))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_two_ranks_map_the_files_one_of_them_wrote(pairs, tokenizer, tmp_path):
+    tokenizer.save_pretrained(tmp_path / "tok")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_rank, args=(r, port, str(tmp_path / "prepared"), str(tmp_path / "tok"), pairs,
+                                             results)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = sorted(results.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    (_, path0, ids0, maps0), (_, path1, ids1, maps1) = got
+    assert path0 == path1 and ids0 == ids1
+    assert [p.name for p in (tmp_path / "prepared").iterdir()] == [os.path.basename(path0)]  # written once
+    # Both processes map the same files (one page-cache copy), rather than reading them in.
+    assert maps0 == maps1 and any(m.endswith("source_ids.npy") for m in maps0)

@@ -1,0 +1,344 @@
+"""Training token ids written once per corpus and tokenizer, memory-mapped by every rank.
+
+Tokenizing a corpus into Python lists of ints costs about 4.5 GiB per million pairs in every
+rank, and the same minutes of tokenizing at every restart. Here the ids are tokenized once, in
+parallel across the cores, into compact arrays (fairseq's binarized data, Megatron's indexed
+datasets), and every rank maps the same files: the operating system's page cache holds one
+copy per node, however many ranks read it.
+
+One directory per corpus, tokenizer and settings, `<output>/prepared/<key>/`:
+
+    source_ids.npy       every source's ids, end to end (uint16 when the vocabulary fits, else uint32)
+    source_offsets.npy   int64, len + 1: source i is source_ids[offsets[i]:offsets[i + 1]]
+    target_ids.npy, target_offsets.npy   the same for the targets
+    meta.json            pairs, tokens, dtype and what the key was made of
+    COMPLETE             written last
+
+The key hashes what decides the ids: the training pairs' text exactly as it is tokenized
+(after spec.data.checks' filters, with the task prefixes), the tokenizer (its full definition,
+not its path), the maximum lengths and FORMAT_VERSION. Hashing the checked text rather than
+the data files' size and mtime keys every source format alike (files, `generated`, Hugging Face
+datasets), follows every setting that changes the text without a list to keep in sync, and is
+not fooled by a copy (a new mtime, the same content) or an in-place edit within the file
+system's mtime resolution; it costs one pass over text that was just read.
+
+A directory is written under a hidden temporary name and renamed into place once its COMPLETE
+marker is on disk, so a crash mid-write leaves nothing that is ever mapped. Exactly one process
+writes: rank 0, or when ranks on several nodes do not share the output directory, local rank 0
+of each node; the others wait for it and map the result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import multiprocessing
+import os
+import secrets
+import shutil
+import socket
+import time
+from itertools import chain
+from pathlib import Path
+
+import numpy as np
+
+FORMAT_VERSION = 1
+MARKER = "COMPLETE"
+PREPARED_DIR = "prepared"  # under the run's output directory
+# Below this many pairs, starting worker processes costs more than it saves.
+PARALLEL_MIN_PAIRS = 20_000
+CHUNK_PAIRS = 10_000
+SIDES = ("source", "target")
+_SHARED_PROBE = ".shared-probe-"
+
+log = logging.getLogger(__name__)
+
+
+class Ragged:
+    """Sequences stored end to end: `ragged[i]` is sequence i, a (memory-mapped) numpy view."""
+
+    def __init__(self, ids: np.ndarray, offsets: np.ndarray):
+        self.ids, self.offsets = ids, offsets
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.ids[self.offsets[i]:self.offsets[i + 1]]
+
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+
+class ShardedCorpus:
+    """What batching.EncodedCorpus offers (len, `.sources[i]`, `.targets[i]`, `lengths()`), read
+    from a prepared directory through memory maps."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.meta = json.loads((self.path / "meta.json").read_text())
+        self.sources, self.targets = (
+            Ragged(np.load(self.path / f"{side}_ids.npy", mmap_mode="r"),
+                   np.load(self.path / f"{side}_offsets.npy", mmap_mode="r")) for side in SIDES)
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+    def lengths(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.sources.lengths(), self.targets.lengths()
+
+    def __reduce__(self):
+        # A loader process started by spawn reopens the maps rather than receiving a copy.
+        return (ShardedCorpus, (str(self.path),))
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A hash of everything about `tokenizer` that decides the ids it gives."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(type(tokenizer).__name__.encode())
+    if getattr(tokenizer, "is_fast", False):
+        spec = json.loads(tokenizer.backend_tokenizer.to_str())
+        # Set by the last call, not part of the tokenizer: every call passes its own.
+        spec.pop("truncation", None)
+        spec.pop("padding", None)
+        h.update(json.dumps(spec, sort_keys=True).encode())
+        h.update(json.dumps(sorted(map(str, tokenizer.get_added_vocab().items()))).encode())
+        return h.hexdigest()
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="rosetta-tokenizer-hash-") as tmp:
+        tokenizer.save_pretrained(tmp)
+        for path in sorted(Path(tmp).rglob("*")):
+            if path.is_file():
+                h.update(path.name.encode())
+                h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def corpus_key(sources: list[str], targets: list[str], tokenizer, max_source: int, max_target: int) -> str:
+    """The directory name for these pairs tokenized by `tokenizer` (see the module docstring)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(json.dumps({"format": FORMAT_VERSION, "pairs": len(sources), "max_source": max_source,
+                         "max_target": max_target, "tokenizer": tokenizer_fingerprint(tokenizer)}).encode())
+    for texts in (sources, targets):
+        for start in range(0, len(texts), CHUNK_PAIRS):
+            chunk = texts[start:start + CHUNK_PAIRS]
+            # The lengths make the concatenation unambiguous.
+            h.update(np.fromiter(map(len, chunk), dtype=np.int64, count=len(chunk)).tobytes())
+            h.update("".join(chunk).encode("utf-8", "surrogatepass"))
+    return h.hexdigest()
+
+
+def id_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
+
+
+def is_complete(path: Path) -> bool:
+    return (path / MARKER).is_file()
+
+
+# The job the worker processes share: set in the parent before they fork, so neither the
+# tokenizer nor the text is pickled to them, and each gets back only compact arrays.
+_JOB: tuple | None = None
+
+
+def _encode_range(bounds: tuple[int, int]):
+    tokenizer, sources, targets, max_source, max_target, dtype = _JOB
+    start, end = bounds
+    src = tokenizer(sources[start:end], truncation=True, max_length=max_source)["input_ids"]
+    tgt = tokenizer(text_target=targets[start:end], truncation=True, max_length=max_target)["input_ids"]
+    return _flatten(src, dtype), _flatten(tgt, dtype)
+
+
+def _flatten(seqs: list[list[int]], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    lengths = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
+    flat = np.fromiter(chain.from_iterable(seqs), dtype=np.int64, count=int(lengths.sum()))
+    if flat.size and (flat.min() < 0 or flat.max() >= np.iinfo(dtype).max + 1):
+        raise ValueError(f"token id {int(flat.max())} does not fit {dtype}")
+    return flat.astype(dtype), lengths
+
+
+def default_workers() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def tokenize(tokenizer, sources: list[str], targets: list[str], max_source: int, max_target: int, *,
+             workers: int | None = None, chunk: int = CHUNK_PAIRS):
+    """((source ids, source lengths), (target ids, target lengths)): the ids `batching.encode`
+    gives, flat, tokenized in `chunk`-pair pieces by `workers` processes (default: every core,
+    or this process alone for a corpus under PARALLEL_MIN_PAIRS)."""
+    global _JOB
+    dtype = id_dtype(len(tokenizer))
+    bounds = [(start, min(start + chunk, len(sources))) for start in range(0, len(sources), chunk)]
+    if workers is None:
+        workers = 1 if len(sources) < PARALLEL_MIN_PAIRS else default_workers()
+    workers = min(workers, len(bounds))
+    _JOB = (tokenizer, sources, targets, max_source, max_target, dtype)
+    try:
+        if workers <= 1:
+            parts = [_encode_range(b) for b in bounds]
+        else:
+            with multiprocessing.get_context("fork").Pool(workers) as pool:
+                parts = pool.map(_encode_range, bounds, chunksize=1)
+    finally:
+        _JOB = None
+    out = []
+    for side in range(2):
+        ids = [p[side][0] for p in parts]
+        lengths = [p[side][1] for p in parts]
+        out.append((np.concatenate(ids) if ids else np.zeros(0, dtype),
+                    np.concatenate(lengths) if lengths else np.zeros(0, np.int64)))
+    return tuple(out)
+
+
+def write(directory: Path, tokenizer, sources: list[str], targets: list[str], max_source: int,
+          max_target: int, *, key: str, workers: int | None = None) -> Path:
+    """Tokenize and write one prepared directory, atomically; returns `directory`."""
+    started = time.monotonic()
+    encoded = tokenize(tokenizer, sources, targets, max_source, max_target, workers=workers)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = directory.parent / f".tmp-{directory.name}-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    try:
+        tokens = {}
+        for side, (ids, lengths) in zip(SIDES, encoded):
+            offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            np.save(tmp / f"{side}_ids.npy", ids)
+            np.save(tmp / f"{side}_offsets.npy", offsets)
+            tokens[side] = int(offsets[-1])
+        meta = {"format": FORMAT_VERSION, "key": key, "pairs": len(sources), "tokens": tokens,
+                "dtype": str(encoded[0][0].dtype), "vocab_size": len(tokenizer),
+                "max_source_length": max_source, "max_target_length": max_target,
+                "tokenizer": tokenizer_fingerprint(tokenizer), "seconds": round(time.monotonic() - started, 3)}
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        _fsync_tree(tmp)
+        (tmp / MARKER).write_text("")
+        _fsync_tree(tmp)
+        if directory.exists() and not is_complete(directory):  # left by a crash or a half copy
+            stale = directory.parent / f".stale-{directory.name}-{secrets.token_hex(4)}"
+            directory.rename(stale)
+            shutil.rmtree(stale, ignore_errors=True)
+        try:
+            tmp.rename(directory)
+        except OSError:
+            if not is_complete(directory):
+                raise
+            # Another node wrote the same directory first (shared storage): keep theirs.
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return directory
+
+
+def _fsync_tree(path: Path) -> None:
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            with open(os.path.join(root, name), "rb") as fh:
+                os.fsync(fh.fileno())
+        fd = os.open(root, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _shared_between_nodes(root: Path, world) -> bool:
+    """Collective: whether every rank sees `root` as one directory (rank 0 writes a probe file)."""
+    from rosetta_trainer.distributed import all_gather_objects, barrier, broadcast_object
+
+    token = broadcast_object(world, secrets.token_hex(16) if world.is_main else None)
+    probe = root / f"{_SHARED_PROBE}{token}"
+    if world.is_main:
+        root.mkdir(parents=True, exist_ok=True)
+        probe.write_text(token)
+    barrier(world)
+    deadline = time.monotonic() + 3.0  # a network file system may show a new file a moment later
+    while not (seen := _holds(probe, token)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    views = all_gather_objects(world, (seen, socket.gethostname()))
+    if world.is_main:
+        probe.unlink(missing_ok=True)
+    return all(ok for ok, _ in views)
+
+
+def _holds(path: Path, token: str) -> bool:
+    try:
+        return path.read_text() == token
+    except OSError:
+        return False
+
+
+def prepare_corpus(root: Path, tokenizer, sources: list[str], targets: list[str], max_source: int,
+                   max_target: int, world, *, workers: int | None = None) -> ShardedCorpus:
+    """Collective: the prepared directory for these pairs under `root`, written by one process
+    when it is missing, then mapped by every rank."""
+    from rosetta_trainer.distributed import all_gather_objects, broadcast_object
+
+    started = time.monotonic()
+    key = broadcast_object(world, corpus_key(sources, targets, tokenizer, max_source, max_target)
+                           if world.is_main else None)
+    directory = Path(root) / key
+    shared = not world.spans_nodes or _shared_between_nodes(Path(root), world)
+    writer = world.is_main if shared else world.local_rank == 0
+    wrote, error = False, None
+    if writer and not is_complete(directory):
+        try:
+            write(directory, tokenizer, sources, targets, max_source, max_target, key=key, workers=workers)
+            wrote = True
+        except Exception as exc:  # every rank must hear of it, not wait for a directory forever
+            error = f"rank {world.rank} could not write {directory}: {type(exc).__name__}: {exc}"
+            if not world.distributed:
+                raise
+    errors = [e for e in all_gather_objects(world, error) if e]  # also the wait for the writer
+    if errors:
+        raise RuntimeError("; ".join(errors))
+    corpus = ShardedCorpus(directory)
+    meta = corpus.meta
+    log.info("training data: %s %d pairs (%d source + %d target tokens, %s) %s %s in %.1fs",
+             "tokenized and wrote" if wrote else "mapped prepared", meta["pairs"], meta["tokens"]["source"],
+             meta["tokens"]["target"], meta["dtype"], "to" if wrote else "from", directory,
+             time.monotonic() - started)
+    return corpus
+
+
+def prepare_command(args) -> int:
+    """`rosetta prepare`: read and check the data, train or load the tokenizer as `rosetta train`
+    would, and write the prepared training data under <output>/prepared/."""
+    from rosetta_operator.spec import parse_training
+
+    from rosetta_trainer import checkpoint as ckpt
+    from rosetta_trainer.__main__ import _prepare_tokenizer
+    from rosetta_trainer.config import apply_overrides, parse_document, read_yaml
+    from rosetta_trainer.data_checks import describe, read_checked
+    from rosetta_trainer.distributed import init_world
+    from rosetta_trainer.evaluate import model_inputs
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    raw = apply_overrides(read_yaml(args.file), args.overrides or [], str(args.file))
+    parse_training(raw, str(args.file), allow_host_path=True)
+    document = parse_document(raw, str(args.file))
+    spec = document.spec
+    output = Path(args.output or Path("runs") / document.metadata.name)
+    output.mkdir(parents=True, exist_ok=True)
+    world = init_world("cpu")
+    ckpt_root = Path(spec.checkpoint.dir) if spec.checkpoint.dir else Path("checkpoints")
+    ckpt_root = ckpt_root if ckpt_root.is_absolute() else output / ckpt_root
+    data = read_checked(spec.data)
+    log.info("data: %s", describe(data))
+    if not data.train:
+        raise ValueError("spec.data.train: no training examples")
+    d = spec.data
+    sources = model_inputs(data.train, d.source_lang, spec.uses_task_prefix())
+    targets = [e.target for e in data.train]
+    del data
+    tokenizer = _prepare_tokenizer(spec, sources, targets, output, world, ckpt.latest_checkpoint(ckpt_root))
+    corpus = prepare_corpus(output / PREPARED_DIR, tokenizer, sources, targets, d.max_source_length,
+                            d.max_target_length, world, workers=args.workers)
+    meta = corpus.meta
+    print(f"prepared: {corpus.path}\npairs: {meta['pairs']}   source tokens: {meta['tokens']['source']}   "
+          f"target tokens: {meta['tokens']['target']}   ids: {meta['dtype']}", flush=True)
+    return 0
