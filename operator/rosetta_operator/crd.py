@@ -156,6 +156,12 @@ def _profile_env_rules() -> list[CelRule]:
     ) for p in PROFILES.values() if p.env]
 
 
+# checkpoint.average's N, at a checkpoint section named by the format argument (0 when neither is set:
+# the rule at checkpoint.average reports that).
+_AVERAGE_COUNT = ("(has({0}.average.last) ? {0}.average.last : "
+                  "(has({0}.average.best) ? {0}.average.best : 0))")
+
+
 def cel_rules() -> list[CelRule]:
     splits = [f"data.{split}.[]" for split in ("train", "validation", "test")]
     purposes = ["data", "model", "checkpoints", "cache"]
@@ -184,6 +190,15 @@ def cel_rules() -> list[CelRule]:
                 "offload.parameters: cpu needs zeroStage 3"),
         CelRule("training.batch", "has(self.tokens) != has(self.sentences)",
                 "set exactly one of 'tokens' or 'sentences'"),
+        CelRule("checkpoint.average", "has(self.last) != has(self.best)", "set exactly one of 'last' or 'best'"),
+        CelRule("checkpoint", f"!has(self.average) || !has(self.keep) || {_AVERAGE_COUNT.format('self')} <= self.keep",
+                "average.last or average.best is more than keep: only the newest keep checkpoints "
+                "(and the best one) stay on disk"),
+        CelRule("", "!has(self.checkpoint) || !has(self.checkpoint.average) || !has(self.training.maxSteps) || "
+                    "!has(self.checkpoint.interval) || "
+                    f"{_AVERAGE_COUNT.format('self.checkpoint')} <= "
+                    "(self.training.maxSteps + self.checkpoint.interval - 1) / self.checkpoint.interval",
+                "checkpoint.average asks for more checkpoints than maxSteps / checkpoint.interval writes"),
         CelRule("", "!has(self.model.architecture) || (has(self.tokenizer) && "
                     "(has(self.tokenizer.path) || has(self.tokenizer.train)))",
                 "a from-scratch model needs tokenizer.path or tokenizer.train"),

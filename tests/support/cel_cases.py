@@ -51,6 +51,9 @@ CASES = [
     ("data formats", _raw(data={"sourceLang": "en", "targetLangs": ["de"], "train": [
         {"format": "pairs", "source": "a", "target": "b"}, {"format": "tsv", "path": "x"}]}), True),
 
+    ("average", _raw(checkpoint={"interval": 3, "keep": 3, "average": {"last": 3}}), True),
+    ("average best with epochs", _raw(training={"epochs": 2}, checkpoint={"keep": 5, "average": {"best": 5}}), True),
+
     ("model name and architecture", _raw(model={"name": "t5-small", "architecture": "t5"}), False),
     ("model neither", _raw(model={"size": "tiny"}), False),
     ("dModel not divisible", _raw(model={"architecture": "t5", "dModel": 100, "heads": 3}), False),
@@ -63,6 +66,10 @@ CASES = [
                                                "test": [{"format": "mtgeneval"}]}), False),
     ("no length", _raw(training={"batch": {"tokens": 100}}), False),
     ("batch both", _raw(training={"maxSteps": 5, "batch": {"tokens": 100, "sentences": 4}}), False),
+    ("average neither", _raw(checkpoint={"average": {}}), False),
+    ("average both", _raw(checkpoint={"interval": 2, "average": {"last": 2, "best": 2}}), False),
+    ("average more than keep", _raw(checkpoint={"interval": 1, "keep": 3, "average": {"best": 4}}), False),
+    ("average more than written", _raw(checkpoint={"interval": 5, "keep": 3, "average": {"last": 3}}), False),
     ("scratch without tokenizer", _raw(tokenizer={}), False),
     ("tokenizer.train without data", _raw(data={"sourceLang": "en", "targetLangs": ["de"]}), False),
     ("procs with gpus", _raw(gpusPerNode=2, procsPerNode=2), False),

@@ -562,6 +562,30 @@ class S3MirrorSpec(Model):
         return parts[1].strip("/") if len(parts) > 1 else ""
 
 
+class AverageSpec(Model):
+    """Which checkpoints `checkpoint.average` averages: exactly one of last or best."""
+
+    last: Optional[int] = Field(None, ge=2, le=1000, description="The N newest complete checkpoints.")
+    best: Optional[int] = Field(
+        None, ge=2, le=1000,
+        description="The N complete checkpoints with the best validation score (BLEU; summarization: ROUGE-L).",
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self):
+        if (self.last is None) == (self.best is None):
+            raise ValueError("set exactly one of 'last' or 'best'")
+        return self
+
+    @property
+    def selection(self) -> str:
+        return "last" if self.last is not None else "best"
+
+    @property
+    def count(self) -> int:
+        return self.last if self.last is not None else self.best
+
+
 class CheckpointSpec(Model):
     dir: Optional[str] = Field(
         None, max_length=PATH_MAX, description="Checkpoint directory; default <output>/checkpoints. Relative paths are under the output dir."
@@ -574,6 +598,21 @@ class CheckpointSpec(Model):
     s3: Optional[S3MirrorSpec] = Field(
         None, description="Also mirror every complete checkpoint to S3, and resume from there on an empty node."
     )
+    average: Optional[AverageSpec] = Field(
+        None,
+        description=(
+            "After the last step, average the weights of the last (or best) N checkpoints into "
+            "<checkpoint dir>/averaged and evaluate it like the final model (recorded in summary.json)."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _average_needs_kept_checkpoints(self):
+        if self.average is not None and self.average.count > self.keep:
+            raise ValueError(
+                f"average.{self.average.selection} is {self.average.count} but keep is {self.keep}: only the "
+                f"newest keep checkpoints (and the best one) stay on disk; set keep to at least {self.average.count}")
+        return self
 
 
 class EvaluationSpec(Model):
@@ -583,7 +622,25 @@ class EvaluationSpec(Model):
     beams: int = Field(4, ge=1, le=64, description="1 = greedy.")
     max_samples: Optional[int] = Field(500, ge=1, description="Validation pairs per run (all test pairs).")
     batch_sentences: int = Field(64, ge=1)
-    max_new_tokens: int = Field(128, ge=1)
+    max_new_tokens: int = Field(128, ge=1, description="Longest generated output (tokens), whatever the source.")
+    max_length_ratio: Optional[float] = Field(
+        2.0, gt=0, le=1000,
+        description=(
+            "Generation also stops at maxLengthRatio x the source length + maxLengthOffset tokens (fairseq's "
+            "max-len-a/b; the source length is the batch's longest); null: only maxNewTokens."
+        ),
+    )
+    max_length_offset: int = Field(10, ge=0, le=100_000, description="Tokens added to the maxLengthRatio limit.")
+    length_penalty: float = Field(
+        1.0, ge=-10, le=10,
+        description=(
+            "Beam search ranks hypotheses by log-probability / length^lengthPenalty: above 1 favours longer "
+            "outputs, below 1 shorter ones (no effect on greedy decoding)."
+        ),
+    )
+    no_repeat_ngram_size: int = Field(
+        0, ge=0, le=100, description="Never generate an n-gram of this size twice in one output; 0 disables."
+    )
     metrics: Optional[list[Literal["bleu", "chrf", "gender", "rouge1", "rouge2", "rougeL", "rougeLsum"]]] = Field(
         None,
         validate_default=True,
@@ -611,6 +668,13 @@ class EvaluationSpec(Model):
 class MetricsSpec(Model):
     port: int = Field(9400, ge=0, le=65535, description="Prometheus port on rank 0; 0 disables the endpoint.")
     tensorboard: bool = True
+    peak_flops: Optional[float] = Field(
+        None, gt=0, le=1e18,
+        description=(
+            "Dense peak FLOP/s of one accelerator at the run's precision, for MFU on any device (e.g. 6.5e+13 "
+            "for a T4 in fp16); default $ROSETTA_PEAK_FLOPS, else the built-in table of GPUs."
+        ),
+    )
 
 
 class TrainerSpec(Model):
@@ -649,6 +713,12 @@ class TrainerSpec(Model):
             raise ValueError("a from-scratch model needs tokenizer.path or tokenizer.train")
         if self.model.name is None and self.tokenizer.path is None and not self.data.train:
             raise ValueError("tokenizer.train needs data.train")
+        average, steps, interval = self.checkpoint.average, self.training.max_steps, self.checkpoint.interval
+        if average is not None and steps is not None and math.ceil(steps / interval) < average.count:
+            # Checkpoints land every `interval` steps and at the last one.
+            raise ValueError(
+                f"checkpoint.average.{average.selection} is {average.count}, but maxSteps {steps} with "
+                f"checkpoint.interval {interval} writes {math.ceil(steps / interval)} checkpoint(s)")
         return self
 
     def uses_task_prefix(self) -> bool:
