@@ -18,6 +18,48 @@ def add_document_arguments(p: argparse.ArgumentParser, *, required: bool = True,
                    help="override a field, e.g. --set spec.training.maxSteps=100 (repeatable)")
 
 
+def _count(minimum: int):
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+    return parse
+
+
+def _ratio(text: str) -> float | str:
+    """A positive number, or 'none' (no limit relative to the source: only --max-new-tokens)."""
+    if text.lower() == "none":
+        return "none"
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number or 'none', got {text}")
+    return value
+
+
+def add_generation_arguments(p: argparse.ArgumentParser) -> None:
+    """Search settings; each defaults to the checkpoint's spec.evaluation (docs/training.md, beam settings)."""
+    g = p.add_argument_group("generation (default: the checkpoint's spec.evaluation)")
+    g.add_argument("--beams", type=_count(1), help="beam size, 1 = greedy")
+    g.add_argument("--length-penalty", type=float, metavar="ALPHA",
+                   help="beam search ranks by log-probability / length^ALPHA; above 1 favours longer outputs")
+    g.add_argument("--no-repeat-ngram-size", type=_count(0), metavar="N", help="never repeat an N-gram; 0 disables")
+    g.add_argument("--max-length-ratio", type=_ratio, metavar="A",
+                   help="stop at A x source tokens + --max-length-offset ('none': only --max-new-tokens)")
+    g.add_argument("--max-length-offset", type=_count(0), metavar="B")
+    g.add_argument("--max-new-tokens", type=_count(1), metavar="N", help="longest output in tokens")
+
+
+def generation_overrides(args) -> dict:
+    """The generation flags given on the command line, as Generation fields (unset ones left out)."""
+    names = ("beams", "length_penalty", "no_repeat_ngram_size", "max_length_ratio", "max_length_offset",
+             "max_new_tokens")
+    given = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+    if given.get("max_length_ratio") == "none":
+        given["max_length_ratio"] = None
+    return given
+
+
 def _add_trainer_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a TranslationTraining in this process (or under torchrun)")
     add_document_arguments(p)
@@ -36,16 +78,16 @@ def _add_trainer_commands(sub: argparse._SubParsersAction) -> None:
     add_document_arguments(p, required=False,
                            file_help="YAML whose data.test (or --split) to evaluate; default: the checkpoint's own config")
     p.add_argument("--split", default="test", choices=["validation", "test"])
-    p.add_argument("--beams", type=int)
     p.add_argument("--max-samples", type=int)
     p.add_argument("--output", help="write the scores (JSON) and hypotheses here")
+    add_generation_arguments(p)
     p.set_defaults(func=_cmd_evaluate)
 
     p = sub.add_parser("translate", help="translate text with a saved checkpoint")
     p.add_argument("--checkpoint", required=True)
     p.add_argument("text", nargs="*", help="sentences (default: one per line on stdin)")
     p.add_argument("--target-lang", help="target language of a multilingual model")
-    p.add_argument("--beams", type=int, default=4)
+    add_generation_arguments(p)
     p.set_defaults(func=_cmd_translate)
 
     p = sub.add_parser("plan", help="will it fit? GPU and node memory under DDP and each ZeRO stage")

@@ -11,20 +11,57 @@ import json
 import sys
 import time
 from collections import defaultdict
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import torch
 
-from rosetta_trainer.config import ConfigError, TrainerSpec, parse_document, task_prefix
+from rosetta_trainer.config import ConfigError, EvaluationSpec, TrainerSpec, parse_document, task_prefix
 from rosetta_trainer.data import Example
 from rosetta_trainer.distributed import World, all_gather_objects
 from rosetta_trainer.scoring import METRICS, ROUGE_METRICS, corpus_scores, gender_scores, rouge_scores
 
 
+@dataclass(frozen=True)
+class Generation:
+    """How translations are generated: spec.evaluation's search settings (the same defaults)."""
+
+    beams: int = 4
+    max_new_tokens: int = 128
+    max_length_ratio: float | None = 2.0
+    max_length_offset: int = 10
+    length_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
+
+    @classmethod
+    def from_spec(cls, evaluation: EvaluationSpec | None, overrides: dict | None = None) -> "Generation":
+        """The spec's settings (without a spec, the defaults), then `overrides` (command-line flags)."""
+        base = cls() if evaluation is None else cls(**{f.name: getattr(evaluation, f.name) for f in fields(cls)})
+        return replace(base, **(overrides or {}))
+
+    def budget(self, source_tokens: int) -> int:
+        """Most tokens to generate for sources of this many tokens (fairseq's max_len_a * len + max_len_b).
+
+        A translation much longer than its source is a model that has not learnt to stop yet, and
+        letting it run to max_new_tokens makes early evaluations (untrained models, beam search,
+        CPU) many times slower for nothing."""
+        if self.max_length_ratio is None:
+            return self.max_new_tokens
+        return max(1, min(self.max_new_tokens, int(self.max_length_ratio * source_tokens) + self.max_length_offset))
+
+    def search_kwargs(self) -> dict:
+        """generate() arguments besides the length; the beam-only ones only with beams."""
+        kwargs = {"num_beams": self.beams, "do_sample": False}
+        if self.beams > 1:
+            kwargs.update(early_stopping=True, length_penalty=self.length_penalty)
+        if self.no_repeat_ngram_size:
+            kwargs["no_repeat_ngram_size"] = self.no_repeat_ngram_size
+        return kwargs
+
+
 @torch.no_grad()
-def translate(model, tokenizer, sources: list[str], *, beams: int, max_new_tokens: int,
-              batch_sentences: int, device: torch.device, max_source_length: int = 512,
-              synced: bool = False) -> list[str]:
+def translate(model, tokenizer, sources: list[str], *, generation: Generation, batch_sentences: int,
+              device: torch.device, max_source_length: int = 512, synced: bool = False) -> list[str]:
     """Translate in length-sorted batches (less padding), returned in input order.
 
     `synced`: the model's parameters are sharded across ranks (ZeRO-3), so every forward is
@@ -40,13 +77,9 @@ def translate(model, tokenizer, sources: list[str], *, beams: int, max_new_token
         idx = order[start: start + batch_sentences]
         enc = tokenizer([sources[i] for i in idx], return_tensors="pt", padding=True,
                         truncation=True, max_length=max_source_length).to(device)
-        # Like fairseq's max_len_a/b: a translation longer than twice its source is a model
-        # that has not learnt to stop yet, and letting it run to max_new_tokens makes early
-        # evaluations (untrained models, beam search, CPU) many times slower for nothing.
-        budget = min(max_new_tokens, 2 * enc["input_ids"].shape[1] + 10)
         generated = model.generate(
-            **enc, num_beams=beams, max_new_tokens=budget, do_sample=False,
-            early_stopping=beams > 1, synced_gpus=synced,
+            **enc, max_new_tokens=generation.budget(enc["input_ids"].shape[1]), synced_gpus=synced,
+            **generation.search_kwargs(),
         )
         for i, text in zip(idx, tokenizer.batch_decode(generated, skip_special_tokens=True)):
             out[i] = text.strip()
@@ -105,8 +138,9 @@ def score(examples: list[Example], hypotheses: list[str], metrics: list[str]) ->
 
 
 def evaluate_examples(model, tokenizer, examples: list[Example], spec: TrainerSpec, world: World,
-                      beams: int | None = None) -> tuple[dict, list[str]]:
-    """Collective when distributed: every rank translates examples[rank::size]."""
+                      generation: Generation | None = None) -> tuple[dict, list[str]]:
+    """Collective when distributed: every rank translates examples[rank::size]. `generation`:
+    default spec.evaluation's settings."""
     ev = spec.evaluation
     started = time.perf_counter()
     inputs = model_inputs(examples, spec.data.source_lang, spec.uses_task_prefix())
@@ -118,7 +152,7 @@ def evaluate_examples(model, tokenizer, examples: list[Example], spec: TrainerSp
         # that stopped early would leave the others waiting for its parameter shards.
         padded += [len(examples) - 1] * (-(-len(examples) // world.size) - len(mine))
     hyps_padded = translate(
-        model, tokenizer, [inputs[i] for i in padded], beams=beams or ev.beams, max_new_tokens=ev.max_new_tokens,
+        model, tokenizer, [inputs[i] for i in padded], generation=generation or Generation.from_spec(ev),
         batch_sentences=ev.batch_sentences, device=world.device, max_source_length=spec.data.max_source_length,
         synced=synced,
     )
@@ -166,6 +200,7 @@ def load_checkpoint_for_inference(path: str | Path, device: torch.device):
 
 
 def evaluate_command(args) -> int:
+    from rosetta_trainer.cli import generation_overrides
     from rosetta_trainer.config import load_document
     from rosetta_trainer.data import read_split
     from rosetta_trainer.distributed import init_world
@@ -182,7 +217,8 @@ def evaluate_command(args) -> int:
     limit = args.max_samples
     if limit:
         examples = examples[:limit]
-    scores, hypotheses = evaluate_examples(model, tokenizer, examples, spec, world, beams=args.beams)
+    generation = Generation.from_spec(spec.evaluation, generation_overrides(args))
+    scores, hypotheses = evaluate_examples(model, tokenizer, examples, spec, world, generation)
     if world.is_main:
         print(json.dumps(scores, indent=2))
         if args.output:
@@ -194,6 +230,7 @@ def evaluate_command(args) -> int:
 
 
 def translate_command(args) -> int:
+    from rosetta_trainer.cli import generation_overrides
     from rosetta_trainer.distributed import pick_device
 
     device = pick_device("auto", 0)
@@ -205,7 +242,8 @@ def translate_command(args) -> int:
             raise ConfigError([("--target-lang", f"'{target}' is not one of {spec.data.target_langs}")])
         if spec.uses_task_prefix():
             lines = [task_prefix(spec.data.source_lang, target, spec.task) + line for line in lines]
-    for text in translate(model, tokenizer, lines, beams=args.beams, max_new_tokens=256,
-                          batch_sentences=32, device=device):
+    generation = Generation.from_spec(spec.evaluation if spec else None, generation_overrides(args))
+    for text in translate(model, tokenizer, lines, generation=generation, batch_sentences=32, device=device,
+                          max_source_length=spec.data.max_source_length if spec else 512):
         print(text)
     return 0
