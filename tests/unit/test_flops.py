@@ -11,7 +11,9 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoModelForSeq2SeqLM, BartConfig, MarianConfig, MT5Config, T5Config
 
-from rosetta_trainer.flops import PEAK_FLOPS, Seq2SeqDims, forward_flops, mfu, peak_flops, training_flops
+from rosetta_trainer.flops import (
+    PEAK_FLOPS, PEAK_FLOPS_ENV, Seq2SeqDims, forward_flops, mfu, peak_flops, peak_for_run, training_flops,
+)
 
 VOCAB = 97
 
@@ -110,6 +112,10 @@ def test_dims_from_configs():
         ("NVIDIA L4", "bf16", 121e12),
         ("NVIDIA L40S", "bf16", 366.5e12),
         ("Tesla T4", "fp16", 65e12),
+        ("NVIDIA B200", "bf16", 2250e12),
+        ("NVIDIA B200", "tf32", 1100e12),
+        ("NVIDIA GB200", "bf16", 2500e12),
+        ("NVIDIA H200", "fp16", 989.4e12),
         ("Tesla V100-SXM2-16GB", "fp16", 125e12),
         ("AMD Instinct MI100", "bf16", 92.3e12),
         ("AMD Instinct MI250X/MI250", "bf16", 191.5e12),
@@ -132,9 +138,48 @@ def test_peak_flops_unknown(name, precision):
 def test_peak_table_is_dense_and_ordered():
     for key, peaks in PEAK_FLOPS.items():
         assert set(peaks) <= {"bf16", "fp16", "fp32", "tf32"}, key
-        assert all(1e12 < v < 2e15 for v in peaks.values()), key  # dense: nothing reaches 2 PFLOP/s
+        # Dense: the largest is GB200's 2.5 PFLOP/s bf16; a sparse figure slipped in would be twice its row's.
+        assert all(1e12 < v <= 2.5e15 for v in peaks.values()), key
     keys = list(PEAK_FLOPS)
     assert keys.index("H100 PCIe") < keys.index("H100")
+    assert keys.index("GB200") < keys.index("B200")
+
+
+@pytest.mark.parametrize("name", ["Tesla T4", "NVIDIA L4", "NVIDIA A10G", "NVIDIA A100-SXM4-80GB",
+                                  "NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA B200"])
+def test_every_gpu_of_the_scenarios_has_a_half_precision_peak(name):
+    assert peak_flops(name, "fp16") is not None
+
+
+def test_peak_for_run_spec_then_env_then_table():
+    h100 = "NVIDIA H100 80GB HBM3"
+    assert peak_for_run(h100, "bf16", 5e14, env={PEAK_FLOPS_ENV: "7e14"}) == (5e14, "spec.metrics.peakFlops")
+    assert peak_for_run(h100, "bf16", None, env={PEAK_FLOPS_ENV: " 7e14 "}) == (7e14, "$ROSETTA_PEAK_FLOPS")
+    assert peak_for_run(h100, "bf16", None, env={}) == (pytest.approx(989.4e12), "table")
+    assert peak_for_run(h100, "bf16", None, env={PEAK_FLOPS_ENV: ""}) == (pytest.approx(989.4e12), "table")
+    # Any device with an override, the CPU included; nothing without one.
+    assert peak_for_run(None, "fp32", 1e12, env={}) == (1e12, "spec.metrics.peakFlops")
+    assert peak_for_run("Some New Accelerator", "bf16", None, env={PEAK_FLOPS_ENV: "3e15"})[0] == 3e15
+    assert peak_for_run(None, "fp32", None, env={}) == (None, None)
+    assert peak_for_run("NVIDIA GeForce RTX 4090", "bf16", None, env={}) == (None, None)
+
+
+@pytest.mark.parametrize("value", ["fast", "0", "-1e12", "nan", "inf"])
+def test_a_bad_env_peak_is_a_clear_error(value):
+    with pytest.raises(ValueError, match=r"\$ROSETTA_PEAK_FLOPS is .*: expected the peak FLOP/s of one device"):
+        peak_for_run(None, "fp32", None, env={PEAK_FLOPS_ENV: value})
+
+
+def test_spec_peak_flops_field():
+    from rosetta_trainer.config import ConfigError, parse_document
+    from support.training import TINY, deep_update
+
+    assert parse_document(TINY).spec.metrics.peak_flops is None
+    spec = parse_document(deep_update(TINY, {"spec": {"metrics": {"peakFlops": 6.5e13}}})).spec
+    assert spec.metrics.peak_flops == 65e12
+    for bad in (0, -1.0, 1e19):
+        with pytest.raises(ConfigError, match="spec.metrics.peakFlops"):
+            parse_document(deep_update(TINY, {"spec": {"metrics": {"peakFlops": bad}}}))
 
 
 def test_mfu():

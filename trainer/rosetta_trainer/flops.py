@@ -23,9 +23,11 @@ Conventions
 
 from __future__ import annotations
 
+import math
+import os
 import re
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 
 @dataclass
@@ -134,8 +136,16 @@ def training_flops(dims: Seq2SeqDims, src_lengths: Sequence[int], tgt_lengths: S
 # the vendors' datasheets:
 #   NVIDIA H100 / H100 NVL datasheet; H200 datasheet; A100 datasheet (SXM and
 #   PCIe peaks are equal); A10 datasheet; L4, L40, L40S datasheets; T4 datasheet;
-#   V100 datasheet (SXM2 figures); AMD Instinct MI100, MI250X, MI300X datasheets.
+#   V100 datasheet (SXM2 figures); NVIDIA HGX B200 and GB200 NVL72 specifications
+#   (per-GPU rows: B200 at 1,000 W, GB200's B200 at 1,200 W); AMD Instinct MI100,
+#   MI250X, MI300X datasheets.
 # NVIDIA datasheets print sparse figures with an asterisk; these are half of them.
+# The number used is the dense Tensor Core figure at that precision: e.g. the H100
+# SXM's "BF16 Tensor Core 1,979 TFLOPS*" is 989.4 here, the T4's "Mixed precision
+# (FP16/FP32) 65 TFLOPS" is used as printed (Turing's figures are dense), the
+# B200's "FP16/BF16 Tensor Core 4.5 PFLOPS" (sparse) is 2,250.
+# Any other accelerator (or another figure for one of these): spec.metrics.peakFlops
+# or $ROSETTA_PEAK_FLOPS, see peak_for_run.
 # "fp32" is plain FP32 (torch's default for matmuls); "tf32" applies when
 # torch.backends.cuda.matmul.allow_tf32 is on. AMD fp32 is the matrix-core rate.
 # A10G (AWS g5) has no NVIDIA datasheet of its own; the A10 figures are used.
@@ -150,6 +160,9 @@ PEAK_FLOPS: dict[str, dict[str, float]] = {
     "H100 NVL": {"bf16": 835 * T, "fp16": 835 * T, "tf32": 417.5 * T, "fp32": 60 * T},
     "H200 NVL": {"bf16": 835 * T, "fp16": 835 * T, "tf32": 417.5 * T, "fp32": 60 * T},
     # H100 SXM reports as e.g. "NVIDIA H100 80GB HBM3"; GH200 has the same compute as H200.
+    # Blackwell: GB200 before B200, which its name contains.
+    "GB200": {"bf16": 2500 * T, "fp16": 2500 * T, "tf32": 1250 * T, "fp32": 80 * T},
+    "B200": {"bf16": 2250 * T, "fp16": 2250 * T, "tf32": 1100 * T, "fp32": 75 * T},
     "H100": {"bf16": 989.4 * T, "fp16": 989.4 * T, "tf32": 494.7 * T, "fp32": 66.9 * T},
     "H200": {"bf16": 989.4 * T, "fp16": 989.4 * T, "tf32": 494.7 * T, "fp32": 66.9 * T},
     "A100": {"bf16": 312 * T, "fp16": 312 * T, "tf32": 156 * T, "fp32": 19.5 * T},
@@ -187,6 +200,33 @@ def peak_flops(device_name: str, precision: str) -> float | None:
         if re.search(re.escape(key.lower()) + r"(?![a-z0-9])", name):
             return peaks.get(precision)
     return None
+
+
+PEAK_FLOPS_ENV = "ROSETTA_PEAK_FLOPS"
+
+
+def peak_for_run(device_name: str | None, precision: str, override: float | None = None,
+                 env: Mapping[str, str] | None = None) -> tuple[float | None, str | None]:
+    """(peak FLOP/s of one device, where it came from) for a run's MFU.
+
+    spec.metrics.peakFlops (`override`) first, then $ROSETTA_PEAK_FLOPS, both for any device,
+    the CPU included; then the table, for a GPU's torch.cuda.get_device_name() (`device_name`
+    None: not a GPU). (None, None) when nothing gives a peak: MFU is then not reported.
+    """
+    if override is not None:
+        return float(override), "spec.metrics.peakFlops"
+    text = (os.environ if env is None else env).get(PEAK_FLOPS_ENV, "").strip()
+    if text:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"${PEAK_FLOPS_ENV} is {text!r}: expected the peak FLOP/s of one device, "
+                             "a positive number such as 6.5e13")
+        return value, f"${PEAK_FLOPS_ENV}"
+    peak = peak_flops(device_name or "", precision)
+    return (peak, "table") if peak is not None else (None, None)
 
 
 def mfu(achieved_flops_per_s: float, peak: float | None) -> float | None:

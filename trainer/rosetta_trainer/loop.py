@@ -19,14 +19,14 @@ from rosetta_trainer import batching
 from rosetta_trainer.backends import build_backend, compile_stats
 from rosetta_trainer.batching import IGNORE_INDEX, EncodedCorpus
 from rosetta_trainer.checkpoint import CheckpointManager, directory_bytes
-from rosetta_trainer.config import TrainerSpec
+from rosetta_trainer.config import ConfigError, TrainerSpec
 from rosetta_trainer.data import Example
 from rosetta_trainer.distributed import (
     World, all_gather_objects, all_reduce_sum, all_reduce_sum_async, control_group,
 )
 from rosetta_trainer.evaluate import evaluate_examples, primary_metric
 from rosetta_trainer.preemption import StopRequested
-from rosetta_trainer.flops import Seq2SeqDims, peak_flops, training_flops
+from rosetta_trainer.flops import Seq2SeqDims, peak_for_run, training_flops
 from rosetta_trainer.losses import label_smoothed_cross_entropy
 from rosetta_trainer.scoring import LABELS
 from rosetta_trainer.telemetry import Telemetry
@@ -70,8 +70,16 @@ class Trainer:
         self.backend = build_backend(spec, world, model, self.total_steps)
         self.raw_model, self.model = self.backend.module, self.backend.model
         self.skipped_steps: list[int] = []
-        self.peak = peak_flops(torch.cuda.get_device_name(world.device), t.precision) \
-            if world.device.type == "cuda" else None
+        gpu = torch.cuda.get_device_name(world.device) if world.device.type == "cuda" else None
+        try:
+            self.peak, peak_source = peak_for_run(gpu, t.precision, spec.metrics.peak_flops)
+        except ValueError as exc:  # a bad $ROSETTA_PEAK_FLOPS (the spec's field is validated already)
+            raise ConfigError([("env", str(exc))]) from None
+        if world.is_main:
+            if self.peak is not None:
+                log.info("MFU against %.4g FLOP/s per device (%s)", self.peak, peak_source)
+            elif gpu is not None:
+                log.info("no peak FLOP/s known for %s at %s: set spec.metrics.peakFlops to report MFU", gpu, t.precision)
         self.stop = StopRequested()
         self._control_group = control_group(world)
         self._stop_vote = None
@@ -344,6 +352,7 @@ class Trainer:
             "world_size": self.world.size,
             "device": str(self.world.device),
             "precision": self.spec.training.precision,
+            "peak_flops": self.peak,
             "compile": compile_stats() if self.spec.training.compile else None,
             "latest_checkpoint": str(self.checkpoints.root / f"step-{pos.step:08d}"),
             "best_checkpoint": str(best) if best else None,
