@@ -135,6 +135,21 @@ def test_evaluate_gathers_a_deepspeed_checkpoint_directly(runs):
     assert scores["samples"] == 23 and scores["bleu"] == pytest.approx(final["bleu"], abs=0.5)
 
 
+def test_averaging_gathers_zero_shards_and_matches_ddp(runs):
+    """`rosetta average` on ZeRO-3 checkpoints: each is gathered whole (zero_to_fp32), then averaged;
+    the result is DDP's average of the same steps (tolerance as for the export above)."""
+    from rosetta_trainer.averaging import average_models, select
+
+    chosen = {name: select(runs["out"][name] / "checkpoints", last=2) for name in ("zero3", "ddp")}
+    assert [p.name for p in chosen["zero3"]] == [p.name for p in chosen["ddp"]] == ["step-00000006", "step-00000012"]
+    zero3, ddp = (average_models(chosen[name]).state_dict() for name in ("zero3", "ddp"))
+    assert set(zero3) == set(ddp)
+    worst = max(((zero3[k] - ddp[k]).norm() / ddp[k].norm().clamp(min=1e-12)).item() for k in ddp)
+    assert worst < 1e-3, worst
+    final = load_file(str(runs["out"]["ddp"] / "checkpoints" / "step-00000012" / "model" / "model.safetensors"))
+    assert not torch.equal(ddp["shared.weight"], final["shared.weight"])  # an average, not the last one
+
+
 def test_zero3_partitions_pretrained_weights_as_it_loads_them(runs):
     """model.name → from_pretrained under deepspeed.zero.Init: the run starts from the loaded
     weights (the DDP run's final loss), not from a fresh initialisation."""

@@ -122,6 +122,47 @@ def test_evaluate_and_translate_commands_use_a_checkpoint(write_config, tmp_path
     assert len(res.stdout.strip().splitlines()) == 2
 
 
+def test_checkpoint_average_at_the_end_is_evaluated_and_recorded(write_config, tmp_path, monkeypatch):
+    """checkpoint.average: the last 3 checkpoints are averaged after the last step and the result is
+    evaluated like the final model; metrics.peakFlops gives an MFU even on a CPU."""
+    monkeypatch.setenv("ROSETTA_PEAK_FLOPS", "1e15")  # the spec's figure wins over the environment
+    cfg = write_config({"training": {"maxSteps": 30},
+                        "checkpoint": {"interval": 10, "keep": 3, "average": {"last": 3}},
+                        "data": {"test": [{"format": "generated", "size": 10, "seed": 3}]},
+                        "metrics": {"peakFlops": 1.0e+9}})
+    out = tmp_path / "run"
+    summary = train_from_file(str(cfg), str(out), progress=False)
+
+    averaged = summary["averaged"]
+    path = out / "checkpoints" / "averaged"
+    assert averaged["path"] == str(path) and averaged["selection"] == "last 3"
+    assert averaged["checkpoints"] == ["step-00000010", "step-00000020", "step-00000030"]
+    assert averaged["test"]["samples"] == 10 and 0 <= averaged["test"]["bleu"] <= 100
+    assert averaged["validation"]["samples"] == 24
+    assert json.loads((out / "summary.json").read_text())["averaged"]["test"] == averaged["test"]
+    splits = [e["split"] for e in read_jsonl(out / "eval.jsonl")]
+    assert splits[-2:] == ["validation-averaged", "test-averaged"]
+    # Not a checkpoint (never resumed from, never pruned), but loads as one.
+    assert [p.name for p in complete_checkpoints(out / "checkpoints")][-1] == "step-00000030"
+    res = subprocess.run([sys.executable, "-m", "rosetta_trainer", "translate", "--checkpoint", str(path),
+                          "--beams", "1", "five cars"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and res.stdout.strip(), res.stderr
+
+    steps = read_jsonl(out / "metrics.jsonl")
+    assert steps[-1]["mfu"] == pytest.approx(steps[-1]["flops_per_s"] / 1e9)
+    assert summary["peak_flops"] == 1e9
+
+
+def test_too_few_checkpoints_to_average_leave_the_run_successful(write_config, tmp_path):
+    # With `epochs` the spec cannot know how many checkpoints there will be: 0.4 epochs are 20 steps, 2 checkpoints.
+    patch = {"training": {"maxSteps": None, "epochs": 0.4}, "checkpoint": {"interval": 10, "keep": 3,
+                                                                          "average": {"last": 3}}}
+    summary = train_from_file(str(write_config(patch)), str(tmp_path / "run"), progress=False)
+    assert summary["completed"] and summary["steps"] == 20
+    assert "holds only 2 complete checkpoint(s)" in summary["averaged"]["error"]
+    assert not (tmp_path / "run" / "checkpoints" / "averaged").exists()
+
+
 def test_gender_figures_on_mt_geneval(write_config, tmp_path):
     geneval = SHARED / "data" / "mt-geneval"
     assert geneval.is_dir(), "../shared/data/mt-geneval is part of the test environment"

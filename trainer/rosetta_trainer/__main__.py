@@ -156,6 +156,11 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
         summary["restart_attempt"] = restart_attempt
         summary["output"] = str(output)
         summary["data"] = data.report
+        if spec.checkpoint.average is not None and summary.get("completed") and not summary.get("stopped_early"):
+            from rosetta_trainer.averaging import average_at_end
+
+            summary["averaged"] = average_at_end(spec, summary, ckpt_root, world, tokenizer, validation, test,
+                                                 telemetry)
         if spec.distributed.backend == "deepspeed" and world.is_main:
             summary["export"] = _export_deepspeed(summary, output)
         if world.is_main:
@@ -242,9 +247,19 @@ def _print_result(summary: dict, summary_path) -> None:
     test_scores = [f"{label}: {test[name]:.2f}" for name, label in LABELS.items() if test.get(name) is not None]
     if test_scores:
         lines.append("test " + "   ".join(test_scores))
+    averaged = summary.get("averaged") or {}
+    if averaged.get("path"):
+        scores = averaged.get("test") or averaged.get("validation") or {}
+        split = "test" if averaged.get("test") else "validation"
+        figures = [f"{label}: {scores[name]:.2f}" for name, label in LABELS.items() if scores.get(name) is not None]
+        lines.append(f"averaged ({averaged['selection']}) {split} " + "   ".join(figures))
+    elif averaged.get("error"):
+        lines.append(f"averaged: not written: {averaged['error']}")
     lines.append(f"checkpoint: {summary['latest_checkpoint']}")
     if summary.get("best_checkpoint"):
         lines.append(f"best checkpoint: {summary['best_checkpoint']}")
+    if averaged.get("path"):
+        lines.append(f"averaged checkpoint: {averaged['path']}")
     lines.append(f"summary: {summary_path}")
     print("\n".join(lines), flush=True)
 

@@ -84,11 +84,19 @@ def _add_trainer_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_evaluate)
 
     p = sub.add_parser("translate", help="translate text with a saved checkpoint")
-    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--checkpoint", required=True, help="checkpoint, averaged or exported model directory")
     p.add_argument("text", nargs="*", help="sentences (default: one per line on stdin)")
     p.add_argument("--target-lang", help="target language of a multilingual model")
     add_generation_arguments(p)
     p.set_defaults(func=_cmd_translate)
+
+    p = sub.add_parser("average", help="average the weights of the last or best N checkpoints")
+    p.add_argument("--checkpoints", required=True, metavar="DIR", help="checkpoint directory (holding step-* dirs)")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--last", type=_count(1), metavar="N", help="the N newest complete checkpoints")
+    which.add_argument("--best", type=_count(1), metavar="N", help="the N with the best validation score")
+    p.add_argument("-o", "--output", required=True, help="directory for the averaged model")
+    p.set_defaults(func=_cmd_average)
 
     p = sub.add_parser("plan", help="will it fit? GPU and node memory under DDP and each ZeRO stage")
     add_document_arguments(p)
@@ -123,6 +131,12 @@ def _cmd_translate(args) -> int:
     from rosetta_trainer.evaluate import translate_command
 
     return translate_command(args)
+
+
+def _cmd_average(args) -> int:
+    from rosetta_trainer.averaging import average_command
+
+    return average_command(args)
 
 
 def _cmd_plan(args) -> int:
@@ -166,10 +180,12 @@ def main(argv: list[str] | None = None) -> int:
         return DATA_INVALID_EXIT
     except Exception as exc:
         # Imported here: the loop imports torch, which `rosetta validate` must not pay for.
+        from rosetta_trainer.averaging import AveragingError
         from rosetta_trainer.checkpoint import SharedStorageError
         from rosetta_trainer.loop import NonFiniteError
 
-        if isinstance(exc, SharedStorageError):  # where the job runs, not a bug: no traceback
+        # Where the job runs, or what the checkpoints are: not a bug, no traceback.
+        if isinstance(exc, (SharedStorageError, AveragingError)):
             print(f"error: {exc}", file=sys.stderr)
             return 2
         if not isinstance(exc, NonFiniteError):
