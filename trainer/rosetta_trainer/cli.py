@@ -84,7 +84,8 @@ def _add_trainer_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_evaluate)
 
     p = sub.add_parser("translate", help="translate text with a saved checkpoint")
-    p.add_argument("--checkpoint", required=True, help="checkpoint, averaged or exported model directory")
+    p.add_argument("--checkpoint", required=True,
+                   help="checkpoint, averaged or exported model directory (a CTranslate2 export too)")
     p.add_argument("text", nargs="*", help="sentences (default: one per line on stdin)")
     p.add_argument("--target-lang", help="target language of a multilingual model")
     add_generation_arguments(p)
@@ -97,6 +98,13 @@ def _add_trainer_commands(sub: argparse._SubParsersAction) -> None:
     which.add_argument("--best", type=_count(1), metavar="N", help="the N with the best validation score")
     p.add_argument("-o", "--output", required=True, help="directory for the averaged model")
     p.set_defaults(func=_cmd_average)
+
+    p = sub.add_parser("export", help="convert a checkpoint for serving (CTranslate2)")
+    p.add_argument("--checkpoint", required=True, help="checkpoint, averaged or exported model directory")
+    p.add_argument("--format", required=True, choices=["ctranslate2", "onnx"])
+    p.add_argument("--quantization", help="CTranslate2 weight type, e.g. int8, int8_float16, float16 (default: as saved)")
+    p.add_argument("-o", "--output", required=True, help="directory for the exported model")
+    p.set_defaults(func=_cmd_export)
 
     p = sub.add_parser("plan", help="will it fit? GPU and node memory under DDP and each ZeRO stage")
     add_document_arguments(p)
@@ -137,6 +145,12 @@ def _cmd_average(args) -> int:
     from rosetta_trainer.averaging import average_command
 
     return average_command(args)
+
+
+def _cmd_export(args) -> int:
+    from rosetta_trainer.export import export_command
+
+    return export_command(args)
 
 
 def _cmd_plan(args) -> int:
@@ -182,10 +196,11 @@ def main(argv: list[str] | None = None) -> int:
         # Imported here: the loop imports torch, which `rosetta validate` must not pay for.
         from rosetta_trainer.averaging import AveragingError
         from rosetta_trainer.checkpoint import SharedStorageError
+        from rosetta_trainer.export import ExportError
         from rosetta_trainer.loop import NonFiniteError
 
         # Where the job runs, or what the checkpoints are: not a bug, no traceback.
-        if isinstance(exc, (SharedStorageError, AveragingError)):
+        if isinstance(exc, (SharedStorageError, AveragingError, ExportError)):
             print(f"error: {exc}", file=sys.stderr)
             return 2
         if not isinstance(exc, NonFiniteError):

@@ -67,7 +67,11 @@ def translate(model, tokenizer, sources: list[str], *, generation: Generation, b
     `synced`: the model's parameters are sharded across ranks (ZeRO-3), so every forward is
     a collective. Every rank must then call this with the same number of sources, and
     generation keeps stepping on ranks that have finished until all have (synced_gpus).
+    A CTranslate2 model (export.CTranslate2Model) translates with its own engine, in the same batches.
     """
+    if getattr(model, "is_ctranslate2", False):
+        return model.translate(sources, generation=generation, batch_sentences=batch_sentences,
+                               max_source_length=max_source_length)
     model = getattr(model, "module", model)
     was_training = model.training
     model.eval()
@@ -176,11 +180,15 @@ def sharded_parameters(model) -> bool:
 
 
 def load_checkpoint_for_inference(path: str | Path, device: torch.device):
-    """(model, tokenizer, spec) from a checkpoint directory or an exported model directory."""
+    """(model, tokenizer, spec) from a checkpoint, averaged or exported model directory; a CTranslate2
+    export gives an export.CTranslate2Model, which translate() drives the same way."""
+    from rosetta_trainer.export import is_ctranslate2_dir, load_ctranslate2
     from rosetta_trainer.models import load_pretrained
     from rosetta_trainer.tokenization import load_tokenizer
 
     path = Path(path)
+    if is_ctranslate2_dir(path):
+        return load_ctranslate2(path, "auto" if device.type == "cuda" else "cpu", device.index or 0)
     model_dir = path / "model" if (path / "model").is_dir() else path
     tok_dir = path / "tokenizer" if (path / "tokenizer").is_dir() else model_dir
     if not (model_dir / "config.json").is_file():
