@@ -381,10 +381,14 @@ def training_yaml(name: str, namespace: str, spec: TranslationTrainingSpec) -> s
 
 @lru_cache(maxsize=1)
 def _env() -> jinja2.Environment:
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
         undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True,
     )
+    # tojson's default escapes characters beyond the BMP (an emoji) as a surrogate pair, which YAML
+    # cannot read back; written as themselves they are plain UTF-8.
+    env.policies["json.dumps_kwargs"] = {"sort_keys": True, "ensure_ascii": False}
+    return env
 
 
 def _render_template(template: str, **context) -> dict:

@@ -7,6 +7,7 @@ exactly the keys added here (config.CLUSTER_KEYS); a unit test keeps the two equ
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,10 +17,11 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from pydantic import BeforeValidator, StringConstraints, field_validator, model_validator
 
 from rosetta_trainer.config import (
-    API_VERSION, KIND, ConfigError, JsonObject, Metadata, Model, TrainerSpec, apply_overrides, format_errors,
-    read_yaml,
+    API_VERSION, KIND, ConfigError, IntOrString, JsonObject, Metadata, Model, TrainerSpec, apply_overrides,
+    format_errors, read_yaml,
 )
 from rosetta_trainer.strict_yaml import MAX_DEPTH
+from rosetta_operator import core_types
 from rosetta_operator.profiles import PROFILES
 
 DEFAULT_IMAGE = "ghcr.io/rosetta-dev/rosetta-trainer:0.1.0"
@@ -27,6 +29,12 @@ DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 MOUNT_PATH = r"^/.*[^/]$"
+# Label and taint keys: [DNS subdomain/]name; label values: at most 63, alphanumeric at both ends.
+QUALIFIED_NAME = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                  r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+# An extended resource (a GPU) is always domain/name: nvidia.com/gpu, amd.com/gpu.
+EXTENDED_RESOURCE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 # Kubernetes' quantity grammar without the sign: a negative request, limit or size is never meant.
 QUANTITY = r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 
@@ -66,9 +74,12 @@ def launcher_env_owner(name: str, profile: str = "generic") -> str | None:
 
 
 def _number_to_str(value: Any) -> Any:
-    # YAML reads `cpu: 8` as an int; Kubernetes quantities are int-or-string.
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    # YAML reads `cpu: 8` as an int; Kubernetes quantities are int-or-string (not float: `cpu: 0.5`
+    # is refused by the apiserver, so here too).
+    if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))  # 1e9: a whole number to the apiserver
     return value
 
 
@@ -85,6 +96,7 @@ def _matches(pattern: str, expected: str):
 
 Quantity = Annotated[
     str,
+    IntOrString(),
     BeforeValidator(_number_to_str),
     _matches(QUANTITY, "a non-negative Kubernetes quantity (e.g. 8, 7500m, 64Gi)"),
     WithJsonSchema({"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}],
@@ -144,7 +156,7 @@ class ResourcesSpec(Model):
         None, description="Memory request and limit per pod, e.g. 64Gi (shared memory counts against it)."
     )
     gpu_resource: str = Field(
-        "nvidia.com/gpu", min_length=1, max_length=253,
+        "nvidia.com/gpu", min_length=3, max_length=253, pattern=EXTENDED_RESOURCE,
         description="Extended resource name of a GPU, e.g. nvidia.com/gpu or amd.com/gpu.",
     )
     efa: Optional[int] = Field(
@@ -279,6 +291,15 @@ class VolumeSpec(Model):
         None, description="A node directory; refused unless the operator runs with --allow-host-path."
     )
 
+    @field_validator("mount_path")
+    @classmethod
+    def _mount_path_normal(cls, value: str):
+        # /data/../etc/rosetta is /etc/rosetta: reserved paths are compared in their one spelling.
+        normal = "/" + posixpath.normpath(value).lstrip("/")  # POSIX keeps a leading '//'
+        if normal != value:
+            raise ValueError(f"'{value}' is not a normalized path; write it as '{normal}'")
+        return value
+
     @field_validator("sub_path")
     @classmethod
     def _sub_path_inside(cls, value: Optional[str]):
@@ -312,7 +333,8 @@ class VolumeSpec(Model):
 
 
 class Toleration(Model):
-    key: Optional[str] = Field(None, max_length=317, description="Taint key; empty with Exists tolerates everything.")
+    key: Optional[str] = Field(None, max_length=317, pattern=QUALIFIED_NAME,
+                               description="Taint key; empty with Exists tolerates everything.")
     operator: Literal["Exists", "Equal"] = Field("Equal", description="Exists ignores the value.")
     value: Optional[str] = Field(None, max_length=63, description="Taint value for Equal.")
     effect: Optional[Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]] = Field(
@@ -324,12 +346,14 @@ class Toleration(Model):
     def _exists_has_no_value(self):
         if self.operator == "Exists" and self.value is not None:
             raise ValueError("operator 'Exists' takes no 'value'")
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError("tolerationSeconds is for effect 'NoExecute' only")
         return self
 
 
 class SchedulingSpec(Model):
-    node_selector: dict[Annotated[str, StringConstraints(min_length=1, max_length=317)],
-                        Annotated[str, StringConstraints(max_length=63)]] = Field(
+    node_selector: dict[Annotated[str, StringConstraints(min_length=1, max_length=317, pattern=QUALIFIED_NAME)],
+                        Annotated[str, StringConstraints(max_length=63, pattern=LABEL_VALUE)]] = Field(
         default_factory=dict, description="Node labels the pods require (added to the profile's)."
     )
     tolerations: list[Toleration] = Field(
@@ -338,7 +362,8 @@ class SchedulingSpec(Model):
     affinity: Optional[JsonObject] = Field(
         None, description="A core/v1 Affinity, copied into the pod spec as written."
     )
-    priority_class_name: Optional[str] = Field(None, max_length=253, description="PriorityClass of the pods.")
+    priority_class_name: Optional[str] = Field(
+        None, max_length=253, pattern=DNS1123_SUBDOMAIN, description="PriorityClass of the pods.")
     queue_name: Optional[str] = Field(
         None, max_length=63, pattern=DNS1123_LABEL,
         description="Kueue LocalQueue; sets the kueue.x-k8s.io/queue-name label and creates the JobSet "
@@ -351,6 +376,14 @@ class SchedulingSpec(Model):
             "to itself: JobSet places each Job in one domain, and ours is one Job of all the nodes."
         ),
     )
+
+    @field_validator("affinity")
+    @classmethod
+    def _affinity_is_a_pod_affinity(cls, value: Optional[dict]):
+        found = core_types.problems(value, "V1Affinity") if value is not None else []
+        if found:
+            raise ValueError("; ".join(found[:5]) + (f"; and {len(found) - 5} more" if len(found) > 5 else ""))
+        return value
 
 
 _USE_A_CLAIM = "use a persistentVolumeClaim (ReadWriteMany: EFS, Filestore, NFS)"
@@ -633,11 +666,13 @@ class TranslationTraining(BaseModel):
     """The whole document; `status` and other server-side fields are ignored. apiVersion, kind and
     metadata.name are required, as the apiserver requires them."""
 
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    # Unknown top-level keys are refused, as kubectl refuses them; status is the server's to write.
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
     api_version: Literal["rosetta.dev/v1alpha1"] = Field(..., alias="apiVersion")
     kind: Literal["TranslationTraining"]
     metadata: TrainingMetadata
     spec: TranslationTrainingSpec
+    status: Optional[dict[str, Any]] = Field(None, exclude=True)
 
 
 def plain(value: Any, _path: str = "", _depth: int = 0) -> Any:

@@ -274,7 +274,7 @@ ACCEPTED_BUT_WRONG = {
     "false as a learning rate": (spec_with(training={"maxSteps": 10, "learningRate": False}),
                                  "spec.training.learningRate", "expected a number, not false"),
     "true among Adam's betas": (spec_with(training={"maxSteps": 10, "adamBetas": [True, 0.98]}),
-                                "spec.training.adamBetas", "expected a list of numbers, not true/false"),
+                                "spec.training.adamBetas[0]", "expected a number, not true"),
     "beta2 of 1.5": (spec_with(training={"maxSteps": 10, "adamBetas": [0.9, 1.5]}),
                      "spec.training.adamBetas[1]", "Input should be less than 1"),
     "a negative beta": (spec_with(training={"maxSteps": 10, "adamBetas": [-0.1, 0.98]}),
@@ -284,7 +284,25 @@ ACCEPTED_BUT_WRONG = {
     "a negative shm size": (spec_with(resources={"shmSize": "-1Gi"}), "spec.resources.shmSize",
                             "'-1Gi' is not a non-negative Kubernetes quantity (e.g. 8, 7500m, 64Gi)"),
     "a memory size as GPU count": (spec_with(gpusPerNode="8Gi"), "spec.gpusPerNode",
-                                   "Input should be a valid integer, unable to parse string as an integer"),
+                                   "expected an integer, not a string ('8Gi')"),
+    "a quoted node count": (spec_with(nodes="2"), "spec.nodes", "expected an integer, not a string ('2')"),
+    "a number as suspend": (spec_with(suspend=1), "spec.suspend", "expected true or false, not an integer"),
+    "half a CPU unquoted": (spec_with(resources={"cpu": 0.5}), "spec.resources.cpu",
+                            "expected a whole number or a string, not 0.5; quote it (e.g. '0.5') or use milli-units"),
+    "a seed beyond 64 bits": (spec_with(training={"maxSteps": 10, "seed": 2 ** 70}), "spec.training.seed",
+                              "an integer this large does not fit in 64 bits"),
+    "an unknown top-level key": ({**GOOD, "replicas": 3}, "replicas", "Extra inputs are not permitted"),
+    "a field core/v1 Affinity does not have": (
+        spec_with(scheduling={"affinity": {"nodeAffinity": {"requiredDuringScheduling": {}}}}),
+        "spec.scheduling.affinity",
+        "nodeAffinity.requiredDuringScheduling: NodeAffinity has no field 'requiredDuringScheduling' (it has: "
+        "preferredDuringSchedulingIgnoredDuringExecution, requiredDuringSchedulingIgnoredDuringExecution)"),
+    "a reserved path spelled differently": (spec_with(**volume(mountPath="/data/../tmp")), "spec.volumes[0].mountPath",
+                                            "'/data/../tmp' is not a normalized path; write it as '/tmp'"),
+    "a toleration for seconds that never evicts": (
+        spec_with(scheduling={"tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule",
+                                               "tolerationSeconds": 60}]}),
+        "spec.scheduling.tolerations[0]", "tolerationSeconds is for effect 'NoExecute' only"),
     "snake_case field": (spec_with(training={"maxSteps": 10, "warmup_steps": 5}), "spec.training.warmup_steps",
                          "Extra inputs are not permitted"),
     "no apiVersion": (doc_without("apiVersion"), "apiVersion", "Field required"),
@@ -354,7 +372,9 @@ def test_rosetta_train_refuses_what_the_cluster_refuses(tmp_path, capsys):
 @pytest.mark.parametrize("spec, field, problem", [
     ({"env": [{"name": f"NOTE_{i}", "value": "x" * 30_000} for i in range(10)]}, "spec.env",
      "the JobSet keeps a copy in an annotation"),
-    ({"scheduling": {"affinity": {"notes": ["y" * 1000] * 300}}}, "spec.scheduling",
+    ({"scheduling": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["y" * 1000] * 300}]}],
+    }}}}}, "spec.scheduling",
      "the JobSet keeps a copy in an annotation"),
 ])
 def test_a_spec_too_large_for_its_objects_is_refused_before_any_api_call(spec, field, problem):

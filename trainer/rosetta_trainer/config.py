@@ -82,8 +82,12 @@ class ConfigError(ValueError):
 
 
 def _clip(text: str, limit: int) -> str:
-    text = " ".join(str(text).splitlines())
+    # Control characters (an ESC sequence in a spec value) are shown escaped, never sent to a terminal.
+    text = _CONTROL.sub(lambda m: repr(m.group())[1:-1], " ".join(str(text).splitlines()))
     return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
+
+
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
 # Longest path or model id a spec may name (Linux's PATH_MAX), and longest column/split/region
@@ -127,18 +131,63 @@ def _yaml_kind(value: Any) -> str:
 JsonObject = Annotated[dict[str, Any], AfterValidator(json_object)]
 
 
-def _admits_bool(annotation: Any) -> bool:
-    """Whether a field's type takes true/false; Any and free-form objects do."""
-    if annotation is bool or annotation is Any:
-        return True
-    args = get_args(annotation)
-    if get_origin(annotation) is Annotated:
-        return _admits_bool(args[0])
-    if not args:
-        return not (isinstance(annotation, type) and issubclass(annotation, (int, float, str)))
-    if get_origin(annotation) is Literal:
-        return any(isinstance(a, bool) for a in args)
-    return any(_admits_bool(a) for a in args)
+class IntOrString:
+    """Marks a string field that also takes a whole number, as Kubernetes' int-or-string does
+    (resource quantities): `cpu: 8` is fine, `cpu: 0.5` is not (the apiserver refuses it)."""
+
+
+INT64 = (1 << 63) - 1
+
+
+def _scalar_kinds(annotation: Any) -> set[str]:
+    """The JSON scalar kinds a field's type takes: bool, int, float, str; "any" for free-form
+    types (Any, mappings, models), which have their own checks."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if annotation is type(None):
+        return set()
+    if origin is Annotated:
+        kinds = _scalar_kinds(args[0])
+        return kinds | {"int"} if any(isinstance(m, IntOrString) for m in args[1:]) else kinds
+    if origin is Literal:
+        return {type(a).__name__ for a in args}
+    if origin in (list, tuple, set, frozenset):
+        return {"list"}
+    if args:  # Union / Optional
+        return set().union(*(_scalar_kinds(a) for a in args))
+    if annotation in (bool, int, str):
+        return {annotation.__name__}
+    if annotation is float:
+        return {"float", "int"}
+    return {"any"}
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    return {int: "int", float: "float", str: "str"}.get(type(value), "other")
+
+
+_SHOWN = {"bool": "true or false", "int": "an integer", "float": "a number", "str": "a string",
+          "list": "a list", "other": "a value of another type"}
+
+
+def _type_problem(value: Any, annotation: Any, int_or_string: bool = False) -> str | None:
+    """Why a scalar is not what the field takes, as the apiserver would judge it (pydantic's lax
+    mode reads `nodes: true` as 1, `nodes: "4"` as 4 and `suspend: 1` as true; the CRD does not)."""
+    kind = _json_kind(value)
+    if kind == "int" and abs(value) > INT64:
+        return "an integer this large does not fit in 64 bits"
+    kinds = _scalar_kinds(annotation) | ({"int"} if int_or_string else set())
+    if kind == "float" and value.is_integer() and "int" in kinds:
+        return None  # 1e3 is 1000 to the apiserver too (a whole JSON number is an integer)
+    if kind == "other" or "any" in kinds or kind in kinds or not kinds & set(_SHOWN):
+        return None
+    expected = " or ".join(_SHOWN[k] for k in ("bool", "int", "float", "str", "list") if k in kinds
+                           and not (k == "int" and "float" in kinds))
+    if kind == "float" and "str" in kinds and "int" in kinds:
+        return f"expected a whole number or a string, not {value!r}; quote it (e.g. '{value}') or use milli-units"
+    shown = str(value).lower() if kind == "bool" else _SHOWN[kind] + (f" ({_clip(repr(value), 40)})" if kind == "str" else "")
+    return f"expected {expected}, not {shown}"
 
 
 class Model(BaseModel):
@@ -151,15 +200,21 @@ class Model(BaseModel):
 
     @field_validator("*", mode="before")
     @classmethod
-    def _no_bool_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
-        # pydantic reads `nodes: true` as 1 and `cpu: yes` as "True"; the apiserver refuses both.
-        if isinstance(value, bool) and not _admits_bool(cls.model_fields[info.field_name].annotation):
-            raise ValueError(f"expected {_expected(cls.model_fields[info.field_name].annotation)}, not {str(value).lower()}")
-        if isinstance(value, (list, tuple)) and any(isinstance(v, bool) for v in value):
-            annotation = cls.model_fields[info.field_name].annotation
+    def _json_types(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields[info.field_name]
+        annotation = field.annotation  # pydantic keeps a field's own Annotated[...] markers in .metadata
+        problem = _type_problem(value, annotation, any(isinstance(m, IntOrString) for m in field.metadata))
+        if problem is None and isinstance(value, (list, tuple)):
             items = [a for a in get_args(_unwrap(annotation)) if a is not Ellipsis]
-            if items and not any(_admits_bool(a) for a in items):
-                raise ValueError(f"expected a list of {_expected(items[0], plural=True)}, not true/false")
+            if items and get_origin(_unwrap(annotation)) in (list, tuple):
+                for i, item in enumerate(value):
+                    item_problem = _type_problem(item, items[min(i, len(items) - 1)])
+                    if item_problem:
+                        # "name[i]: ..." is moved into the field path (spec._errors)
+                        problem = f"{field.alias or info.field_name}[{i}]: {item_problem}"
+                        break
+        if problem:
+            raise ValueError(problem)
         return value
 
 
@@ -175,14 +230,6 @@ def _unwrap(annotation: Any) -> Any:
             return annotation
 
 
-def _expected(annotation: Any, plural: bool = False) -> str:
-    base = _unwrap(annotation)
-    if get_origin(base) in (list, tuple):
-        return "lists" if plural else "a list"
-    names = {int: ("an integer", "integers"), float: ("a number", "numbers"), str: ("a string", "strings")}
-    return names.get(base, ("a value of another type", "values of another type"))[plural]
-
-
 # --------------------------------------------------------------------------- model
 
 
@@ -190,7 +237,7 @@ class ModelSpec(Model):
     """Either pretrained weights (`name`) or a from-scratch `architecture`."""
 
     name: Optional[str] = Field(
-        None, max_length=PATH_MAX, description="Hugging Face model id or local directory with pretrained weights."
+        None, min_length=1, max_length=PATH_MAX, description="Hugging Face model id or local directory with pretrained weights."
     )
     architecture: Optional[Literal["t5", "transformer"]] = Field(
         None, description="Train from scratch: t5 (T5Config) or transformer (Marian/BART-style)."
@@ -431,7 +478,7 @@ class TrainingSpec(Model):
     adam_betas: tuple[AdamBeta, AdamBeta] = Field(
         (0.9, 0.98), description="Adam's (beta1, beta2), each in [0, 1) as torch.optim requires.")
     adam_eps: float = Field(1e-9, gt=0)
-    seed: int = 1
+    seed: int = Field(1, description="Seeds Python, NumPy (modulo 2^32) and torch.")
     log_interval: int = Field(10, ge=1, description="Steps between lines in metrics.jsonl.")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     compile: bool = Field(False, description="torch.compile the model.")

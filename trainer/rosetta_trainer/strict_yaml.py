@@ -25,6 +25,7 @@ Torch-free: the operator imports it.
 from __future__ import annotations
 
 import codecs
+import re
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +39,23 @@ MAX_BYTES = 1 << 20
 MAX_DEPTH = 100
 MAX_ALIAS_NODES = 10_000
 
-# libyaml when present: parsing twice (check, then load) must stay cheap.
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml when present: parsing twice stays cheap
+    """The safe loader, with exponent-only floats (`1e-3`) read as numbers as kubectl reads them
+    (YAML 1.1 says string; YAML 1.2 and JSON say number)."""
+
+
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float",
+                              re.compile(r"^[-+]?(\.[0-9]+|[0-9][0-9_]*(\.[0-9_]*)?)[eE][-+]?[0-9]+$"),
+                              list("-+.0123456789"))
+# Python refuses to convert integers of more digits (sys.int_info.str_digits_check_threshold).
+MAX_INT_DIGITS = 4300
+_PLAIN_INT = re.compile(r"^[-+]?[0-9_]+$")
+# YAML types with no JSON counterpart, which kubectl would turn into strings and the apiserver never sees.
+NOT_JSON_TAGS = {"tag:yaml.org,2002:binary": "binary", "tag:yaml.org,2002:set": "set",
+                 "tag:yaml.org,2002:omap": "ordered map", "tag:yaml.org,2002:pairs": "pairs",
+                 "tag:yaml.org,2002:python/object": "Python object"}
 
 
 class YamlError(ValueError):
@@ -137,6 +153,7 @@ def check(text: str) -> None:
             if isinstance(event, DocumentStartEvent):
                 sizes = {}  # anchors are per document
             elif isinstance(event, (SequenceStartEvent, MappingStartEvent)):
+                _json_tag(event)
                 child(event)
                 if len(stack) >= MAX_DEPTH:
                     raise YamlError(f"{_at(event.start_mark)}: nested more than {MAX_DEPTH} levels deep")
@@ -145,6 +162,10 @@ def check(text: str) -> None:
                 anchor, size, _, _ = stack.pop()
                 done(anchor, size)
             elif isinstance(event, ScalarEvent):
+                _json_tag(event)
+                if not event.style and len(event.value) > MAX_INT_DIGITS and _PLAIN_INT.match(event.value):
+                    raise YamlError(f"{_at(event.start_mark)}: a number of {len(event.value)} digits; "
+                                    f"at most {MAX_INT_DIGITS} can be read")
                 child(event)
                 done(event.anchor, 1)
             elif isinstance(event, AliasEvent):
@@ -162,6 +183,13 @@ def check(text: str) -> None:
         raise YamlError(_describe(exc, text)) from None
     finally:
         parser.dispose()
+
+
+def _json_tag(event: Any) -> None:
+    kind = NOT_JSON_TAGS.get(getattr(event, "tag", None) or "")
+    if kind:
+        raise YamlError(f"{_at(event.start_mark)}: a YAML {kind} (!!{event.tag.rsplit(':', 1)[-1]}) has no JSON "
+                        "equivalent; write a string or a list")
 
 
 def _shown(value: str, quote: bool = True, limit: int = 80) -> str:
