@@ -37,6 +37,7 @@ import json
 import logging
 import os
 import random
+import sys
 import threading
 import time
 from collections import Counter
@@ -55,6 +56,12 @@ from rosetta_operator import status as st
 from rosetta_operator.crd import PHASES
 from rosetta_operator.render import TRAINING_LABEL, render, suspend_patch
 from rosetta_operator.spec import TranslationTrainingSpec, parse_spec, parse_training, plain
+
+# The apiserver stores JSON nested up to 10,000 levels (its decoder's limit) in the schemaless fields
+# (affinity, deepspeedConfig). kopf decodes every watch event with json.loads, and at Python's default
+# recursion limit of 1,000 one such object made the watch, and so the operator, exit. Decoded, the spec
+# is refused with its field by spec.plain, which bounds the depth at strict_yaml.MAX_DEPTH.
+sys.setrecursionlimit(max(sys.getrecursionlimit(), 25_000))
 
 GROUP, VERSION = API_VERSION.split("/")
 PLURAL = "translationtrainings"
