@@ -139,9 +139,9 @@ def test_torchrun_environment():
                                                  "--output", "$(ROSETTA_OUTPUT)"]
 
 
-@pytest.mark.parametrize("cluster", [{}, {"gpusPerNode": 4, "launcher": "deepspeed"}])
-def test_every_command_variable_is_defined_before_use(cluster):
-    rendered = build(**cluster)
+@pytest.mark.parametrize("fields", [{}, {"gpusPerNode": 4, "launcher": "deepspeed"}])
+def test_every_command_variable_is_defined_before_use(fields):
+    rendered = build(**fields)
     names = [e["name"] for e in container(rendered)["env"]]
     used = {m for arg in container(rendered)["command"] for m in re.findall(r"\$\((\w+)\)", arg)}
     assert used <= set(names)
@@ -315,11 +315,11 @@ def test_unset_optional_fields_are_left_out():
     assert "kueue.x-k8s.io/queue-name" not in rendered.jobset["metadata"]["labels"]
 
 
-@pytest.mark.parametrize("cluster", [{}, {"gpusPerNode": 8, "network": {"profile": "eks-p5"},
+@pytest.mark.parametrize("fields", [{}, {"gpusPerNode": 8, "network": {"profile": "eks-p5"},
                                           "training": {**TRAINER["training"], "device": "cuda"}}],
                          ids=["cpu", "eks-p5"])
-def test_pods_never_share_the_nodes_namespaces_or_gain_privileges(cluster):
-    pod = pod_spec(build(**cluster))
+def test_pods_never_share_the_nodes_namespaces_or_gain_privileges(fields):
+    pod = pod_spec(build(**fields))
     assert not {"hostNetwork", "hostPID", "hostIPC", "hostUsers", "shareProcessNamespace"} & set(pod)
     for c in pod["containers"] + pod.get("initContainers", []):
         sc = c["securityContext"]

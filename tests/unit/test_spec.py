@@ -65,14 +65,14 @@ def test_defaults():
     assert spec.scheduling.node_selector == {} and spec.scheduling.queue_name is None
 
 
-@pytest.mark.parametrize("cluster, procs, world", [
+@pytest.mark.parametrize("fields, procs, world", [
     ({"nodes": 2, "procsPerNode": 1}, 1, 2),
     ({"nodes": 3, "procsPerNode": 4}, 4, 12),
     ({"nodes": 2, "gpusPerNode": 8}, 8, 16),
     ({"nodes": 1, "gpusPerNode": 1}, 1, 1),
 ])
-def test_processes_per_node_and_world_size(cluster, procs, world):
-    spec = parse_training(document(**cluster, volumes=SHARED)).spec
+def test_processes_per_node_and_world_size(fields, procs, world):
+    spec = parse_training(document(**fields, volumes=SHARED)).spec
     assert (spec.procs, spec.world_size) == (procs, world)
 
 
@@ -81,9 +81,9 @@ def test_quantities_accept_numbers_from_yaml():
     assert (spec.resources.cpu, spec.resources.memory, spec.resources.shm_size) == ("8", "64Gi", "512Mi")
 
 
-@pytest.mark.parametrize("cluster, path, fragment", [
+@pytest.mark.parametrize("fields, path, fragment", [
     ({"nodes": 0}, "spec.nodes", "greater than or equal to 1"),
-    ({"nodes": "two"}, "spec.nodes", "valid integer"),
+    ({"nodes": "two"}, "spec.nodes", "expected an integer, not a string"),
     ({"gpusPerNode": 17}, "spec.gpusPerNode", "less than or equal to 16"),
     ({"gpusPerNode": 2, "procsPerNode": 2}, "spec.procsPerNode", "one process per GPU"),
     ({"launcher": "mpirun"}, "spec.launcher", "'torchrun' or 'deepspeed'"),
@@ -92,14 +92,14 @@ def test_quantities_accept_numbers_from_yaml():
     ({"gpusPerNode": 16, "network": {"profile": "gke-a3"}}, "spec.network", "1..8 GPUs per node, gpusPerNode is 16"),
     ({"network": {"profile": "azure"}}, "spec.network.profile", "'generic', 'eks-p4d', 'eks-p5' or 'gke-a3'"),
     ({"network": {"masterPort": 80}}, "spec.network.masterPort", "greater than or equal to 1024"),
-    ({"resources": {"cpu": "lots"}}, "spec.resources.cpu", "'lots' is not a Kubernetes quantity"),
+    ({"resources": {"cpu": "lots"}}, "spec.resources.cpu", "'lots' is not a non-negative Kubernetes quantity"),
     ({"resources": {"shmSize": "1 GB"}}, "spec.resources.shmSize", "Kubernetes quantity"),
     ({"resources": {"efa": -1}}, "spec.resources.efa", "greater than or equal to 0"),
     ({"imagePullSecrets": ["Registry_Creds"]}, "spec.imagePullSecrets[0]", "valid object name"),
     ({"serviceAccountName": "Trainer"}, "spec.serviceAccountName", "should match pattern"),
     ({"ttlSecondsAfterFinished": -1}, "spec.ttlSecondsAfterFinished", "greater than or equal to 0"),
     ({"failurePolicy": {"maxRestarts": -1}}, "spec.failurePolicy.maxRestarts", "greater than or equal to 0"),
-    ({"suspend": "maybe"}, "spec.suspend", "valid boolean"),
+    ({"suspend": "maybe"}, "spec.suspend", "expected true or false, not a string"),
     ({"nodez": 2}, "spec.nodez", "Extra inputs are not permitted"),
     ({"scheduling": {"queueName": "Team A"}}, "spec.scheduling.queueName", "should match pattern"),
     ({"scheduling": {"tolerations": [{"key": "spot", "operator": "Exists", "value": "true"}]}},
@@ -116,8 +116,8 @@ def test_quantities_accept_numbers_from_yaml():
     ({"env": [{"name": "A", "valueFrom": {}}]}, "spec.env[0].valueFrom", "exactly one of 'secretKeyRef'"),
     ({"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}, "spec.env[1].name", "set twice"),
 ])
-def test_errors_name_the_field(cluster, path, fragment):
-    errors = errors_of(**cluster)
+def test_errors_name_the_field(fields, path, fragment):
+    errors = errors_of(**fields)
     assert path in errors, errors
     assert fragment in errors[path]
 
