@@ -72,6 +72,11 @@ _GKE_A3_ENV = {
 }
 
 
+# A profile's defaults that a training may set itself: diagnostics, e.g. NCCL_DEBUG=INFO to see why a
+# collective hangs. Everything else a profile sets is what makes the fabric work, and stays the profile's.
+USER_OVERRIDABLE = frozenset({"NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE"})
+
+
 def _profile(**kwargs) -> NetworkProfile:
     kwargs["env"] = MappingProxyType(dict(kwargs.get("env", {})))
     kwargs["node_selector"] = MappingProxyType(dict(kwargs.get("node_selector", {})))

@@ -213,7 +213,9 @@ def launcher_env(spec: TranslationTrainingSpec, names: Names) -> list[dict]:
 
 
 def profile_env(spec: TranslationTrainingSpec) -> list[dict]:
-    return [{"name": k, "value": v} for k, v in PROFILES[spec.network.profile].env.items()]
+    """The profile's env, less what the user sets of the names they may (profiles.USER_OVERRIDABLE)."""
+    own = {var.name for var in spec.env}
+    return [{"name": k, "value": v} for k, v in PROFILES[spec.network.profile].env.items() if k not in own]
 
 
 def user_env(spec: TranslationTrainingSpec) -> list[dict]:

@@ -22,7 +22,7 @@ from rosetta_trainer.config import (
 )
 from rosetta_trainer.strict_yaml import MAX_DEPTH
 from rosetta_operator import core_types
-from rosetta_operator.profiles import PROFILES
+from rosetta_operator.profiles import PROFILES, USER_OVERRIDABLE
 
 DEFAULT_IMAGE = "ghcr.io/rosetta-dev/rosetta-trainer:0.1.0"
 DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -68,7 +68,7 @@ def launcher_env_owner(name: str, profile: str = "generic") -> str | None:
     """Who sets `name` in the trainer container, or None when the user may set it."""
     if name in LAUNCHER_ENV or name.startswith(LAUNCHER_ENV_PREFIXES):
         return "the launcher"
-    if profile in PROFILES and name in PROFILES[profile].env:
+    if profile in PROFILES and name in PROFILES[profile].env and name not in USER_OVERRIDABLE:
         return f"network profile '{profile}'"
     return None
 

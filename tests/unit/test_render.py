@@ -198,6 +198,16 @@ def test_network_profile_env_and_node_selector(profile):
     assert pod_spec(rendered)["nodeSelector"] == dict(PROFILES[profile].node_selector)
 
 
+@pytest.mark.parametrize("profile", ["eks-p5", "gke-a3"])
+def test_nccl_debug_is_the_trainings_to_raise(profile):
+    # Diagnosing a hang needs NCCL_DEBUG=INFO on the fabric whose profile sets WARN; one value reaches the pod.
+    rendered = build(gpusPerNode=8, network={"profile": profile},
+                     env=[{"name": "NCCL_DEBUG", "value": "INFO"}, {"name": "NCCL_DEBUG_SUBSYS", "value": "INIT,NET"}])
+    container = pod_spec(rendered)["containers"][0]
+    assert [v["value"] for v in container["env"] if v["name"] == "NCCL_DEBUG"] == ["INFO"]
+    assert env_of(rendered)["NCCL_DEBUG_SUBSYS"] == "INIT,NET"
+
+
 def test_efa_profiles_set_libfabric_and_nccl():
     env = env_of(build(gpusPerNode=8, network={"profile": "eks-p5"}))
     assert (env["FI_PROVIDER"], env["FI_EFA_USE_DEVICE_RDMA"], env["FI_EFA_FORK_SAFE"]) == ("efa", "1", "1")

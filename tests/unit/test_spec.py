@@ -8,7 +8,7 @@ from types import MappingProxyType
 
 import pytest
 
-from rosetta_operator.profiles import PROFILES
+from rosetta_operator.profiles import PROFILES, USER_OVERRIDABLE
 from rosetta_operator.spec import (CLUSTER_FIELDS, DEFAULT_IMAGE, ConfigError, TranslationTrainingSpec,
                                    launcher_env_owner, load_training, parse_spec, parse_training)
 from rosetta_trainer.config import CLUSTER_KEYS, TrainerSpec
@@ -139,10 +139,12 @@ def test_env_owned_by_the_network_profile_is_refused(profile, name):
     parse_training(document(env=[{"name": name, "value": "x"}], **GPU))
 
 
-def test_every_profile_variable_is_owned():
+def test_every_profile_variable_but_the_diagnostics_is_owned():
     for profile in PROFILES.values():
-        for name in profile.env:
+        for name in set(profile.env) - USER_OVERRIDABLE:
             assert launcher_env_owner(name, profile.name) == f"network profile '{profile.name}'"
+        for name in USER_OVERRIDABLE:
+            assert launcher_env_owner(name, profile.name) is None
     assert launcher_env_owner("NCCL_DEBUG", "generic") is None
     assert launcher_env_owner("HF_TOKEN", "eks-p5") is None
 
