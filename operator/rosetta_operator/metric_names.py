@@ -38,6 +38,8 @@ TRAINER_METRICS: tuple[str, ...] = (
     "rosetta_eval_gender_gap_bleu",
     # + rank
     "rosetta_gpu_memory_bytes",
+    # + phase (train, evaluate, checkpoint): 1 for the current one
+    "rosetta_phase",
 )
 
 OPERATOR_METRICS: tuple[str, ...] = (

@@ -100,3 +100,30 @@ def test_endpoint_serves_checkpoint_restart_and_per_rank_figures(tmp_path):
     assert got[("rosetta_gpu_memory_bytes", tuple(sorted((*run, ("rank", "2")))))] == 3e9
     assert not any(name == "rosetta_gpu_memory_bytes" and ("rank", "1") in labels for name, labels in got)
     assert json.loads((tmp_path / "metrics.jsonl").read_text())["data_wait_s"] == 0.02
+
+
+def test_phase_says_what_rank_0_is_doing_so_a_pause_is_not_a_hang(tmp_path):
+    port = free_port()
+    t = Telemetry(tmp_path, name="run-a", namespace="team", port=port, tensorboard=False, enabled=True)
+
+    def phases() -> dict:
+        return {dict(labels)["phase"]: value for (name, labels), value in scrape(port).items()
+                if name == "rosetta_phase"}
+
+    try:
+        assert phases() == {"train": 1, "evaluate": 0, "checkpoint": 0}
+        with t.phase("evaluate"):
+            assert phases() == {"train": 0, "evaluate": 1, "checkpoint": 0}
+        try:
+            with t.phase("checkpoint"):
+                assert phases()["checkpoint"] == 1
+                raise OSError("disk full")
+        except OSError:
+            pass
+        assert phases() == {"train": 1, "evaluate": 0, "checkpoint": 0}
+    finally:
+        t.close()
+    # Without an endpoint (ranks other than 0, metrics off) the block just runs.
+    quiet = Telemetry(tmp_path / "q", name="q", namespace=None, port=0, tensorboard=False, enabled=False)
+    with quiet.phase("evaluate"):
+        pass

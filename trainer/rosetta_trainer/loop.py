@@ -289,7 +289,8 @@ class Trainer:
         return [float(x) for x in all_reduce_sum(world, mine).cpu()]
 
     def _evaluate(self, split: str, examples: list[Example]) -> dict:
-        scores, _ = evaluate_examples(self.model, self.tokenizer, examples, self.spec, self.world)
+        with self.telemetry.phase("evaluate"):
+            scores, _ = evaluate_examples(self.model, self.tokenizer, examples, self.spec, self.world)
         record = {"step": self.pos.step, "split": split, **scores}
         metric = self.metric
         if split == "validation" and scores.get(metric) is not None:
@@ -313,8 +314,10 @@ class Trainer:
             raise NonFiniteError(f"step {self.pos.step}: the model has non-finite weights; no checkpoint "
                                  "was written (the newest one on disk is unaffected)")
         started = time.perf_counter()
-        path = self.checkpoints.save(step=self.pos.step, backend=self.backend, tokenizer=self.tokenizer,
-                                     trainer_state=self.state_dict(), document_yaml=self.document_yaml, meta=meta)
+        with self.telemetry.phase("checkpoint"):
+            path = self.checkpoints.save(step=self.pos.step, backend=self.backend, tokenizer=self.tokenizer,
+                                         trainer_state=self.state_dict(), document_yaml=self.document_yaml,
+                                         meta=meta)
         if self.world.is_main:
             self.telemetry.log_checkpoint(step=self.pos.step, path=path, seconds=time.perf_counter() - started,
                                           size_bytes=directory_bytes(path))

@@ -11,11 +11,15 @@ from __future__ import annotations
 import json
 import logging
 import math
+from contextlib import contextmanager
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 PREFIX = "rosetta_"
+# What rank 0 is doing (rosetta_phase{phase}): the step stands still while it evaluates or saves a
+# checkpoint, and the no-progress alert must tell such a pause from a hang.
+PHASES = ("train", "evaluate", "checkpoint")
 
 
 def _clean(value):
@@ -54,6 +58,7 @@ class Telemetry:
         self._tb = None
         self._gauges = {}
         self._checkpoint_info = None
+        self._phase = None
         self._best_bleu = None
         self.port = None
         if not enabled:
@@ -108,6 +113,10 @@ class Telemetry:
         self._gauges["gpu_memory_bytes"] = (Gauge(
             PREFIX + "gpu_memory_bytes", "Peak GPU memory allocated by PyTorch on each rank (absent on CPU)",
             [*labels, "rank"], registry=self.registry), labels)
+        self._phase = Gauge(PREFIX + "phase", "1 for what rank 0 is doing now (train, evaluate, checkpoint), "
+                            "0 for the others", [*labels, "phase"], registry=self.registry)
+        self._phase_labels = labels
+        self._set_phase("train")
         self._checkpoint_info = Info(PREFIX + "last_checkpoint", "Path of the newest complete checkpoint",
                                      list(labels), registry=self.registry).labels(**labels)
         server, _thread = start_http_server(port, addr="0.0.0.0", registry=self.registry)
@@ -119,6 +128,20 @@ class Telemetry:
         g = self._gauges.get(key)
         if g is not None and value is not None and not isinstance(g, tuple):
             g.set(value)
+
+    def _set_phase(self, current: str) -> None:
+        if self._phase is not None:
+            for phase in PHASES:
+                self._phase.labels(**self._phase_labels, phase=phase).set(1 if phase == current else 0)
+
+    @contextmanager
+    def phase(self, name: str):
+        """rosetta_phase says `name` while the block runs, then `train` again."""
+        self._set_phase(name)
+        try:
+            yield
+        finally:
+            self._set_phase("train")
 
     # ------------------------------------------------------------------ sinks
     def log_step(self, record: dict) -> None:
