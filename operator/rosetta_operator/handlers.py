@@ -55,7 +55,7 @@ from rosetta_operator import scrape
 from rosetta_operator import status as st
 from rosetta_operator.crd import PHASES
 from rosetta_operator.render import TRAINING_LABEL, render, suspend_patch
-from rosetta_operator.spec import TranslationTrainingSpec, parse_spec, parse_training, plain
+from rosetta_operator.spec import FailurePolicySpec, TranslationTrainingSpec, parse_spec, parse_training, plain
 
 # The apiserver stores JSON nested up to 10,000 levels (its decoder's limit) in the schemaless fields
 # (affinity, deepspeedConfig). kopf decodes every watch event with json.loads, and at Python's default
@@ -112,6 +112,14 @@ TIME_TO_RUNNING = prometheus_client.Histogram(
     buckets=(5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400))
 STATUS_PATCHES = prometheus_client.Counter(
     "rosetta_operator_status_patches", "TranslationTraining status patches (only sent on change)")
+# Per training, for the alert on restarts that use up failurePolicy.maxRestarts faster than the
+# training progresses; the labels are the trainer's own (namespace, training), so the two join.
+TRAINING_RESTARTS = prometheus_client.Gauge(
+    "rosetta_operator_training_restarts", "Gang restarts after a failure (status.restarts), which count "
+    "towards failurePolicy.maxRestarts", ["namespace", "training"])
+TRAINING_MAX_RESTARTS = prometheus_client.Gauge(
+    "rosetta_operator_training_max_restarts", "The training's spec.failurePolicy.maxRestarts",
+    ["namespace", "training"])
 PROGRESS_SCRAPES = prometheus_client.Counter(
     "rosetta_operator_progress_scrapes", "Scrapes of rank 0's metrics by outcome "
     "(updated, unchanged, no_pod, unreachable, too_large, no_step)", ["outcome"])
@@ -307,6 +315,11 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
     # The phase gauge is rebuilt from the watch's initial listing: forget an earlier run's view.
     _PHASES.clear()
     _publish_phases()
+    for labels in _NAMES.values():
+        for gauge in (TRAINING_RESTARTS, TRAINING_MAX_RESTARTS):
+            with contextlib.suppress(KeyError):
+                gauge.remove(*labels)
+    _NAMES.clear()
     try:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
@@ -756,6 +769,7 @@ def get_workload(api: kubernetes.client.ApiClient, namespace: str, jobset: Mappi
 # ------------------------------------------------------------------------ phase gauge
 
 _PHASES: dict[str, str] = {}   # uid → phase of every TranslationTraining the watch has seen
+_NAMES: dict[str, tuple[str, str]] = {}   # uid → (namespace, name): the restart gauges' labels
 _PHASES_LOCK = threading.Lock()
 
 
@@ -776,6 +790,26 @@ def count_phases(event: Mapping, body: Mapping, uid: str, **_: Any) -> None:
         else:
             _PHASES[uid] = (body.get("status") or {}).get("phase") or "Unknown"
         _publish_phases()
+        _publish_restarts(event, body, uid)
+
+
+def _publish_restarts(event: Mapping, body: Mapping, uid: str) -> None:
+    """rosetta_operator_training_(max_)restarts of one training; its series go with it."""
+    meta = body.get("metadata") or {}
+    if event.get("type") == "DELETED" or not meta.get("name"):
+        labels = _NAMES.pop(uid, None)
+        if labels:
+            for gauge in (TRAINING_RESTARTS, TRAINING_MAX_RESTARTS):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(*labels)
+        return
+    labels = _NAMES[uid] = (meta.get("namespace") or "", meta["name"])
+    policy = (body.get("spec") or {}).get("failurePolicy") or {}
+    max_restarts = policy.get("maxRestarts")
+    if max_restarts is None:
+        max_restarts = FailurePolicySpec().max_restarts
+    TRAINING_RESTARTS.labels(*labels).set(int((body.get("status") or {}).get("restarts") or 0))
+    TRAINING_MAX_RESTARTS.labels(*labels).set(int(max_restarts))
 
 
 def _publish_phases() -> None:

@@ -51,6 +51,8 @@ OPERATOR_METRICS: tuple[str, ...] = (
     "rosetta_operator_time_to_running_seconds",   # histogram
     "rosetta_operator_status_patches_total",
     "rosetta_operator_progress_scrapes_total",    # outcome
+    "rosetta_operator_training_restarts",         # namespace, training: status.restarts
+    "rosetta_operator_training_max_restarts",     # namespace, training: spec.failurePolicy.maxRestarts
 )
 
 # Metric families whose samples carry a suffix after the name above.

@@ -75,3 +75,20 @@ def test_listed_names_are_registered():
     registered = {name for family in REGISTRY.collect() for name in
                   ({family.name, family.name + "_total"} if family.type == "counter" else {family.name})}
     assert set(OPERATOR_METRICS) <= registered
+
+
+def test_restart_gauges_follow_each_training_and_go_with_it():
+    def event(uid, type_="MODIFIED", **body):
+        handlers.count_phases(event={"type": type_}, body={"metadata": {"name": uid, "namespace": "ml"}, **body},
+                              uid=uid)
+
+    event("r1")
+    assert value("rosetta_operator_training_restarts", namespace="ml", training="r1") == 0
+    assert value("rosetta_operator_training_max_restarts", namespace="ml", training="r1") == 3  # the spec's default
+    event("r1", spec={"failurePolicy": {"maxRestarts": 5}}, status={"phase": "Restarting", "restarts": 2})
+    assert value("rosetta_operator_training_restarts", namespace="ml", training="r1") == 2
+    assert value("rosetta_operator_training_max_restarts", namespace="ml", training="r1") == 5
+    event("r1", type_="DELETED")
+    assert REGISTRY.get_sample_value("rosetta_operator_training_restarts", {"namespace": "ml", "training": "r1"}) \
+        is None
+    handlers._PHASES.clear()
