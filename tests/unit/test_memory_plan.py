@@ -138,6 +138,32 @@ def test_activations_match_the_hand_formula(shape):
     assert mp.activation_bytes(shape, Batch(b, s, t, "bf16", "sdpa")) == encoder + decoder + stacks + logits
 
 
+def test_activation_checkpointing_keeps_layer_inputs_and_one_layer(shape):
+    b, s, t, p = 2, 10, 6, 2
+    i, m = HEADS * KV, 1
+    self_attn = p * (2 * H + 4 * i) + m * H
+    cross = p * (2 * H + 2 * i) + m * H
+    ffn = p * (2 * H + 2 * FF) + m * (FF + H)
+    bias = p * b * HEADS
+    encoder_layer = b * s * (self_attn + ffn) + bias * s * s
+    decoder_layer = b * t * (self_attn + cross + ffn) + b * s * 2 * p * i + bias * t * t + bias * t * s
+    inputs = p * H * LAYERS * b * (s + t)  # what each checkpointed layer keeps: its input
+    biases = bias * (s * s + t * t + t * s)  # T5's position biases, once per stack
+    outside = b * (s + t) * (2 * p * H + m * H) + b * t * V * (p + 12)
+    on = mp.activation_bytes(shape, Batch(b, s, t, "bf16", "sdpa", checkpointing=True))
+    assert on == inputs + biases + max(encoder_layer, decoder_layer) + outside
+    assert on < mp.activation_bytes(shape, Batch(b, s, t, "bf16", "sdpa"))
+
+
+def test_the_plan_reads_activation_checkpointing_from_the_spec():
+    on, off = mp_spec(), mp_spec()
+    on.training.activation_checkpointing = True
+    assert Batch.of(on).checkpointing and not Batch.of(off).checkpointing
+    plan_on, plan_off = mp.plan_spec(on), mp.plan_spec(off)
+    assert plan_on.estimates[0].activations < plan_off.estimates[0].activations
+    assert any("activation checkpointing (each layer" in n for n in plan_on.notes)
+
+
 def test_activation_estimate_is_near_what_a_real_forward_saves():
     # Measured: the bytes autograd saves for backward in a real fp32 forward + loss on the CPU
     # (eager attention: the CPU's sdpa falls back to the math path, which stores the scores).

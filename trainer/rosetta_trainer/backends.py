@@ -149,9 +149,27 @@ class DDPBackend:
             self.module.save_pretrained(directory / "model", safe_serialization=True)
 
 
+def enable_activation_checkpointing(model) -> None:
+    """Recompute each encoder/decoder layer in backward instead of keeping its activations.
+
+    Non-reentrant checkpointing: the reentrant kind runs backward inside backward, which DDP
+    sees as a parameter being ready twice (it would need static_graph) and which drops the
+    gradients of layers whose inputs do not require grad. It keeps the RNG state, so dropout
+    in the recomputed forward matches the first one and the loss is the same as without."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ValueError(f"spec.training.activationCheckpointing: {type(model).__name__} does not support it")
+    enable = getattr(model, "activation_checkpointing_enable", None)  # the name since transformers 5.x
+    if enable is not None:
+        enable({"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def build_backend(spec: TrainerSpec, world: World, model, total_steps: int):
     if spec.training.precision == "fp16" and world.device.type != "cuda":
         raise ValueError("spec.training.precision: fp16 needs a CUDA device; use bf16 or fp32 on CPU")
+    if spec.training.activation_checkpointing:
+        enable_activation_checkpointing(model)
     if spec.distributed.backend == "deepspeed":
         from rosetta_trainer.deepspeed_backend import DeepSpeedBackend
 

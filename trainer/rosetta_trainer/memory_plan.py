@@ -227,6 +227,7 @@ class Batch:
     target_len: int
     precision: str
     attention: str  # sdpa | eager
+    checkpointing: bool = False  # spec.training.activationCheckpointing
 
     @classmethod
     def of(cls, spec) -> "Batch":
@@ -235,7 +236,7 @@ class Batch:
         # A token budget holds sentences × (longest source + longest target) (batching.plan_epoch);
         # the most activation memory is the batch of full-length pairs.
         n = t.batch.sentences or max(1, t.batch.tokens // (s + tl))
-        return cls(n, s, tl, t.precision, spec.model.attention)
+        return cls(n, s, tl, t.precision, spec.model.attention, t.activation_checkpointing)
 
     @property
     def width(self) -> int:
@@ -244,7 +245,7 @@ class Batch:
 
 
 def activation_bytes(shape: ModelShape, batch: Batch) -> int:
-    """Memory that forward keeps for backward for one micro-batch, without activation checkpointing.
+    """Memory that forward keeps for backward for one micro-batch.
 
     Per token and layer, with p = activation width, h = d_model, i = attention dim, f = FFN
     dim, and m = 1 byte per element of a dropout mask when dropout is on (Korthikanti et al.
@@ -257,6 +258,11 @@ def activation_bytes(shape: ModelShape, batch: Batch) -> int:
       sdpa:   p with T5's relative position bias (the additive mask it builds per layer), else 0
     Per stack, embeddings and final norm: 2p·h + m·h per token. Logits: (p + 12)·V per target
     token: the 16-bit logits, the loss's fp32 copy and log-softmax, and the fp32 gradient (12·V in fp32).
+
+    With activation checkpointing every layer keeps only its input (p·h per token; T5's position
+    bias once per stack, computed by its first layer and passed on), and backward recomputes one
+    layer at a time: the largest layer's activations are added once. Embeddings, final norms and
+    logits are outside the checkpointed layers and count as before.
     """
     s, p = shape, batch.width
     h, i, f, a = s.d_model, s.attention_dim, s.ffn_dim, s.heads
@@ -281,7 +287,15 @@ def activation_bytes(shape: ModelShape, batch: Batch) -> int:
     decoder = (tgt * (self_attn + cross_attn + ffn) + src * 2 * p * i
                + scores(batch.target_len, batch.target_len) + scores(batch.target_len, batch.source_len))
     logits = tgt * s.vocab_size * (12 if p == 4 else p + 12)
-    return (s.encoder_layers * encoder + s.decoder_layers * decoder + (src + tgt) * stack + logits)
+    outside_layers = (src + tgt) * stack + logits
+    if not batch.checkpointing:
+        return s.encoder_layers * encoder + s.decoder_layers * decoder + outside_layers
+    bias = 0
+    if s.relative_bias:  # the encoder's self-attention bias, the decoder's self- and cross-attention ones
+        bias = batch.sentences * a * p * (batch.source_len ** 2 + batch.target_len ** 2
+                                          + batch.target_len * batch.source_len)
+    inputs = p * h * (s.encoder_layers * src + s.decoder_layers * tgt)
+    return inputs + bias + max(encoder, decoder) + outside_layers
 
 
 def model_state_bytes(setting: Setting, shape: ModelShape, world: int, precision: str) -> tuple[float, float, float]:
@@ -512,8 +526,9 @@ class Plan:
         if best is not None:
             advice = f"{best.setting.name} would fit ({_gib(best.gpu_total)} per GPU)"
         else:
-            advice = ("no setting fits: lower spec.training.batch (the activations scale with it), add GPUs, "
-                      "or use GPUs with more memory")
+            advice = ("no setting fits: lower spec.training.batch (the activations scale with it), "
+                      + ("" if self.batch.checkpointing else "turn on spec.training.activationCheckpointing, ")
+                      + "add GPUs, or use GPUs with more memory")
         return [f"WARNING: {self.requested.name} (spec.distributed) {problem}; {advice}"]
 
     def to_json(self) -> dict:
@@ -557,7 +572,8 @@ def _notes(plan: Plan) -> list[str]:
         f"model: {plan.shape.source}",
         precision,
         f"activations: {b.sentences} sentence(s) per GPU at {b.source_len}+{b.target_len} tokens, "
-        f"attention {b.attention}, no activation checkpointing",
+        f"attention {b.attention}, " + ("activation checkpointing (each layer's input kept, one layer "
+                                         "recomputed at a time)" if b.checkpointing else "no activation checkpointing"),
         f"GPU memory: {_gib(c.gpu_memory)} ({c.gpu_memory_source})",
         "node CPU: " + (f"spec.resources.memory {_gib(c.node_memory)}" if c.node_memory else
                         "spec.resources.memory is not set, not checked"),
