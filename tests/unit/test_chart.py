@@ -360,7 +360,7 @@ def alerts(objects: list[dict]) -> dict[str, dict]:
 def test_alerts():
     rules = alerts(render(MONITORS_ON, api_versions=MONITORING_APIS))
     assert set(rules) == {"RosettaTrainingNoProgress", "RosettaTrainingLossNaN", "RosettaTrainingRestarting",
-                          "RosettaTrainingFailed"}
+                          "RosettaTrainingRestartsBurning", "RosettaTrainingFailed", "RosettaOperatorDown"}
     assert "rosetta_step[15m]" in rules["RosettaTrainingNoProgress"]["expr"]
     assert "rosetta_world_size" in rules["RosettaTrainingNoProgress"]["expr"]
     assert "rosetta_loss != rosetta_loss" in rules["RosettaTrainingLossNaN"]["expr"]
