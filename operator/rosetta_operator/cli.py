@@ -63,6 +63,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                         "default: standalone, one replica")
     p.add_argument("--progress-interval", type=float, default=15.0, metavar="SECONDS",
                    help="how often each active training's rank 0 is scraped into status.progress")
+    p.add_argument("--default-image", metavar="IMAGE",
+                   help="trainer image of a training without spec.image (default: $ROSETTA_DEFAULT_IMAGE, "
+                        "else the spec's own default)")
     p.set_defaults(func=_cmd_operator)
 
     from rosetta_operator.verbs import add_verbs

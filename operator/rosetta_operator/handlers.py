@@ -80,6 +80,9 @@ MUTABLE_FIELDS = frozenset({"suspend"})
 ALLOW_HOST_PATH_ENV = "ROSETTA_ALLOW_HOST_PATH"
 POLICY_ENV = "ROSETTA_POLICY"
 PROGRESS_INTERVAL_ENV = "ROSETTA_PROGRESS_INTERVAL"
+# The trainer image of a spec without spec.image (the chart's trainer.image); unset: the spec's own
+# default, DEFAULT_IMAGE.
+DEFAULT_IMAGE_ENV = "ROSETTA_DEFAULT_IMAGE"
 # How soon a create that a ResourceQuota refused is tried again: quota frees up as other work ends.
 QUOTA_RETRY_DELAY = 30.0
 DEFAULT_PROGRESS_INTERVAL = 15.0
@@ -312,6 +315,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
     # How often the progress daemon scrapes each active training's rank 0.
     memo.progress_interval = float(memo.get("progress_interval")
                                    or os.environ.get(PROGRESS_INTERVAL_ENV) or DEFAULT_PROGRESS_INTERVAL)
+    memo.default_image = memo.get("default_image") or os.environ.get(DEFAULT_IMAGE_ENV) or None
     # The phase gauge is rebuilt from the watch's initial listing: forget an earlier run's view.
     _PHASES.clear()
     _publish_phases()
@@ -355,7 +359,8 @@ def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str, uid: 
     api = memo.api_client
     generation = body.metadata.get("generation")
     document = {"apiVersion": API_VERSION, "kind": KIND,
-                "metadata": {"name": name, "namespace": namespace}, "spec": dict(spec)}
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": with_default_image(spec, memo.get("default_image"))}
     try:
         training = parse_training(document, allow_host_path=memo.allow_host_path)
         forbidden = pol.violations(training.spec, memo.policy) if memo.get("policy") else []
@@ -1048,6 +1053,16 @@ def _owner_ref(child: Mapping) -> Optional[Mapping]:
         if ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(f"{GROUP}/"):
             return ref
     return None
+
+
+def with_default_image(spec: Mapping, image: Optional[str]) -> dict:
+    """The spec, with the operator's default trainer image where it names none. Rendered, not
+    written back: the training keeps what its author wrote, and a new default reaches only JobSets
+    created after it."""
+    spec = dict(spec)
+    if image and not spec.get("image"):
+        spec["image"] = image
+    return spec
 
 
 def _without_mutable(spec: Mapping) -> dict:

@@ -24,7 +24,8 @@ def run(args: argparse.Namespace) -> int:
     clusterwide = bool(args.all_namespaces) or not namespaces
     kopf.configure(verbose=False)
     memo = kopf.Memo(allow_host_path=bool(args.allow_host_path), metrics_port=int(args.metrics_port or 0),
-                     progress_interval=float(getattr(args, "progress_interval", 0) or 0), policy=policy)
+                     progress_interval=float(getattr(args, "progress_interval", 0) or 0), policy=policy,
+                     default_image=getattr(args, "default_image", None) or None)
     kopf.run(
         clusterwide=clusterwide,
         namespaces=[] if clusterwide else namespaces,

@@ -50,6 +50,11 @@ app.kubernetes.io/component: operator
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
 {{- end }}
 
+{{/* The trainer image of specs without spec.image: the operator's tag unless it has its own. */}}
+{{- define "rosetta.trainerImage" -}}
+{{- printf "%s:%s" .Values.trainer.image.repository (.Values.trainer.image.tag | default .Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+
 {{/* "true" when kopf peering is on: asked for, or needed by more than one replica. */}}
 {{- define "rosetta.peering" -}}
 {{- if or .Values.peering.enabled (gt (int .Values.replicaCount) 1) }}true{{ end }}
