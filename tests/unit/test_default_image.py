@@ -14,7 +14,7 @@ import pytest
 
 from rosetta_operator import handlers
 from rosetta_operator.spec import DEFAULT_IMAGE
-from support.chart import CHART, REPO, render
+from support.chart import CHART, MONITORING_APIS, REPO, render
 from support.handler_api import NAME, api, memo, reconcile, training, warnings  # noqa: F401 - fixtures
 
 OTHER = "registry.internal/ml/rosetta-trainer:2.0"
@@ -136,3 +136,12 @@ def test_chart_default_images_are_what_build_and_push_publishes():
     operator_image = deploy["spec"]["template"]["spec"]["containers"][0]["image"]
     assert sorted(pushed) == sorted([operator_image, operator_env(render())[handlers.DEFAULT_IMAGE_ENV]])
     assert DEFAULT_IMAGE in pushed  # the spec's own default too
+
+
+@pytest.mark.parametrize("values", ["values-eks.yaml", "values-gke.yaml"])
+def test_cloud_values_take_both_images_from_one_registry(values):
+    objects = render(values_files=[CHART / values], api_versions=MONITORING_APIS)
+    (deploy,) = [o for o in objects if o["kind"] == "Deployment"]
+    operator_image = deploy["spec"]["template"]["spec"]["containers"][0]["image"]
+    trainer = operator_env(objects)[handlers.DEFAULT_IMAGE_ENV]
+    assert operator_image.replace("/rosetta-operator:", "/rosetta-trainer:") == trainer
