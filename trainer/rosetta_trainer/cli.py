@@ -74,7 +74,13 @@ def _add_trainer_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_prepare)
 
     p = sub.add_parser("evaluate", help="evaluate a saved checkpoint or exported model")
-    p.add_argument("--checkpoint", required=True, help="checkpoint or model directory")
+    p.add_argument("--checkpoint", required=True, help="checkpoint or model directory (with --pick: the checkpoint "
+                   "directory holding the step-* dirs)")
+    p.add_argument("--pick", choices=["final", "best", "averaged"],
+                   help="which checkpoint of the directory: the newest, the best by validation score, or the "
+                        "averaged model (checkpoint.average)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="where to run the model (auto: a GPU when one is visible)")
     add_document_arguments(p, required=False,
                            file_help="YAML whose data.test (or --split) to evaluate; default: the checkpoint's own config")
     p.add_argument("--split", default="test", choices=["validation", "test"])

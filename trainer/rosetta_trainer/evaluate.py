@@ -207,14 +207,43 @@ def load_checkpoint_for_inference(path: str | Path, device: torch.device):
     return model, load_tokenizer(str(tok_dir)), spec
 
 
+def pick_checkpoint(root: str | Path, pick: str) -> Path:
+    """The checkpoint of a checkpoint directory that `rosetta evaluate --pick` names: the newest
+    complete one (final), the best by validation score (best; the newest when none was scored),
+    or the averaged model (checkpoint.average)."""
+    from rosetta_trainer.averaging import AVERAGED_DIR
+    from rosetta_trainer.checkpoint import best_by_score, complete_checkpoints, read_meta
+
+    root = Path(root)
+    if pick == "averaged":
+        if not (root / AVERAGED_DIR).is_dir():
+            raise ConfigError([("--pick", f"averaged: {root / AVERAGED_DIR} does not exist (is checkpoint.average set?)")])
+        return root / AVERAGED_DIR
+    found = complete_checkpoints(root)
+    if not found:
+        raise ConfigError([("--checkpoint", f"{root} holds no complete checkpoint (step-* with its marker)")])
+    if pick == "best":
+        best = best_by_score((read_meta(p).get("bleu"), p.name, p) for p in found)
+        if best is not None:
+            return best
+        print(f"no checkpoint in {root} has a validation score: evaluating the newest", file=sys.stderr)
+    return found[-1]
+
+
 def evaluate_command(args) -> int:
+    from rosetta_trainer import final_result
     from rosetta_trainer.cli import generation_overrides
     from rosetta_trainer.config import load_document
     from rosetta_trainer.data import read_split
     from rosetta_trainer.distributed import init_world
 
-    world = init_world("auto")
-    model, tokenizer, spec = load_checkpoint_for_inference(args.checkpoint, world.device)
+    world = init_world(getattr(args, "device", "auto"))
+    checkpoint = Path(args.checkpoint)
+    if getattr(args, "pick", None):
+        checkpoint = pick_checkpoint(checkpoint, args.pick)
+        if world.is_main:
+            print(f"evaluating {checkpoint} ({args.pick}) on {world.device}", file=sys.stderr)
+    model, tokenizer, spec = load_checkpoint_for_inference(checkpoint, world.device)
     if args.file:
         spec = load_document(args.file, args.overrides).spec
     if spec is None:
@@ -229,6 +258,10 @@ def evaluate_command(args) -> int:
     scores, hypotheses = evaluate_examples(model, tokenizer, examples, spec, world, generation)
     if world.is_main:
         print(json.dumps(scores, indent=2))
+        step = None
+        if (checkpoint / "meta.json").is_file():
+            step = json.loads((checkpoint / "meta.json").read_text()).get("step")
+        final_result.report_evaluation(scores, checkpoint=checkpoint.name, step=step)
         if args.output:
             out = Path(args.output)
             out.mkdir(parents=True, exist_ok=True)

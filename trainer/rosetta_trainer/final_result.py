@@ -50,6 +50,57 @@ def report(summary: Mapping[str, Any]) -> None:
         log.warning("cannot write the final result to %s: %s", path, exc)
 
 
+def _write(text: str) -> None:
+    path = os.environ.get(TERMINATION_LOG_ENV) or DEFAULT_TERMINATION_LOG
+    if TERMINATION_LOG_ENV not in os.environ and not os.path.exists(path):
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text[:MAX_TERMINATION_MESSAGE])
+    except OSError as exc:  # the scores file and the log still have the figures
+        log.warning("cannot write the result to %s: %s", path, exc)
+
+
+# `rosetta evaluate` (the after-training evaluation Job): the scores, for status.evaluation.
+EVALUATION_PREFIX = "Evaluation: "
+_SCORES = ("bleu", "chrf", "rouge1", "rouge2", "rougeL", "rougeLsum")
+
+
+def evaluation_of(scores: Mapping[str, Any], checkpoint: Optional[str] = None, step: Optional[int] = None) -> dict:
+    """The status.evaluation figures of `rosetta evaluate`'s scores (finite numbers only)."""
+    out: dict[str, Any] = {}
+    for key in _SCORES:
+        value = scores.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            out[key] = round(float(value), 4)
+    samples = scores.get("samples")
+    if isinstance(samples, int) and not isinstance(samples, bool):
+        out["samples"] = samples
+    if isinstance(step, int) and not isinstance(step, bool):
+        out["step"] = step
+    if isinstance(checkpoint, str) and checkpoint:
+        out["checkpoint"] = checkpoint[:253]
+    return out
+
+
+def report_evaluation(scores: Mapping[str, Any], checkpoint: Optional[str] = None, step: Optional[int] = None) -> None:
+    """Write the evaluation's scores as the termination message (in a pod, as report does)."""
+    _write(EVALUATION_PREFIX + json.dumps(evaluation_of(scores, checkpoint, step), separators=(",", ":")))
+
+
+def parse_evaluation(message: str) -> Optional[dict]:
+    """The figures of an `Evaluation: {json}` termination message; None for anything else."""
+    if not message.startswith(EVALUATION_PREFIX):
+        return None
+    try:
+        figures = json.loads(message[len(EVALUATION_PREFIX):])
+    except ValueError:
+        return None
+    if not isinstance(figures, dict):
+        return None
+    return evaluation_of(figures, figures.get("checkpoint"), figures.get("step"))
+
+
 def parse(message: str) -> Optional[dict]:
     """The figures of a `Result: {json}` termination message; None for anything else."""
     if not message.startswith(RESULT_PREFIX):
