@@ -343,6 +343,24 @@ def status_schema() -> dict:
                        "items": condition, "x-kubernetes-list-type": "map",
                        "x-kubernetes-list-map-keys": ["type"]},
         "progress": progress,
+        "evaluation": _obj("The after-training evaluation (spec.evaluation.afterTraining): a CPU Job that "
+                           "evaluates one checkpoint on the test sets once the training succeeded.", {
+            "phase": _t("string", "Where the evaluation Job is.", enum=["Pending", "Running", "Succeeded", "Failed"]),
+            "jobName": _t("string", "The evaluation Job."),
+            "checkpoint": _t("string", "Which checkpoint was asked for: final, best or averaged."),
+            "checkpointPath": _t("string", "The checkpoint directory it evaluated, e.g. step-00010000."),
+            "step": _t("integer", "The training step of that checkpoint."),
+            "samples": _t("integer", "Test pairs evaluated."),
+            "bleu": _t("number", "Test BLEU (mean over target languages)."),
+            "chrf": _t("number", "Test chrF."),
+            "rouge1": _t("number", "Test ROUGE-1 (summarization)."),
+            "rouge2": _t("number", "Test ROUGE-2."),
+            "rougeL": _t("number", "Test ROUGE-L."),
+            "rougeLsum": _t("number", "Test ROUGE-Lsum."),
+            "message": _t("string", "Why it failed."),
+            "startTime": _time("When the Job started"),
+            "completionTime": _time("When the Job succeeded"),
+        }),
         # kopf keeps handler progress here as a fallback to annotations; pruning it
         # would make kopf retry handlers that already finished.
         "kopf": {"type": "object", "description": "kopf's own bookkeeping.",

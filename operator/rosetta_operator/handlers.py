@@ -54,7 +54,9 @@ from rosetta_operator import progress as pr
 from rosetta_operator import scrape
 from rosetta_operator import status as st
 from rosetta_operator.crd import PHASES
-from rosetta_operator.render import TRAINING_LABEL, render, suspend_patch
+from rosetta_operator.render import (
+    EVALUATION_LABEL, TRAINING_LABEL, evaluation_job_name, render, render_evaluation_job, suspend_patch,
+)
 from rosetta_operator.spec import FailurePolicySpec, TranslationTrainingSpec, parse_spec, parse_training, plain
 
 # The apiserver stores JSON nested up to 10,000 levels (its decoder's limit) in the schemaless fields
@@ -570,8 +572,86 @@ def jobset_changed(event: Mapping, body: kopf.Body, namespace: str, memo: kopf.M
     # A deleted JobSet's last state is not "now": a read says whether it (or a successor) exists.
     jobset = None if event.get("type") == "DELETED" else copy.deepcopy(dict(body))
 
+    evaluation = None
+    if jobset is not None and st.jobset_succeeded(jobset):
+        evaluation = start_evaluation(api, namespace, owner, jobset)
+
     def compute(parent: Mapping, current: Mapping) -> dict:
-        return observe(api, namespace, jobset_name, parent, current, jobset)
+        desired = observe(api, namespace, jobset_name, parent, current, jobset)
+        if evaluation is not None and not current.get("evaluation"):
+            desired["evaluation"], cond = evaluation
+            desired["conditions"] = st.upsert_conditions(desired.get("conditions") or [], [cond], now=now(),
+                                                         generation=parent["metadata"].get("generation"))
+        return desired
+
+    write_status(api, namespace, owner["name"], owner["uid"], compute)
+
+
+# ------------------------------------------------------------------ the after-training evaluation
+
+
+def start_evaluation(api: kubernetes.client.ApiClient, namespace: str, owner: Mapping,
+                     jobset: Mapping) -> Optional[tuple[dict, st.Cond]]:
+    """Create the evaluation Job of a succeeded training with spec.evaluation.afterTraining, once:
+    its name is fixed, so a second call (another JobSet event, an operator restart) finds it (409).
+    A training whose evaluation already finished gets none again, even if its Job was deleted.
+    Returns status.evaluation and its condition for a Job just created, else None."""
+    spec = _parsed_spec(_applied_spec_of(jobset, {}))  # what the training ran with
+    if spec is None or spec.evaluation.after_training is None:
+        return None
+    try:
+        training = kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, owner["name"])
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    if training["metadata"]["uid"] != owner["uid"] or (training.get("status") or {}).get("evaluation"):
+        return None
+    job = render_evaluation_job(owner["name"], namespace, spec, owner=dict(owner))
+    try:
+        kubernetes.client.BatchV1Api(api).create_namespaced_job(namespace, job)
+        logging.getLogger(__name__).info("created evaluation Job %s/%s", namespace, job["metadata"]["name"])
+    except ApiException as exc:
+        if exc.status != 409:
+            refusal = create_refusal(exc)
+            if refusal is None:
+                raise  # transient: kopf calls us again with the next attempt
+            kopf.warn(training, reason=st.Reason.EVALUATION_FAILED,
+                      message=st.truncate(f"the API refused Job {job['metadata']['name']}: {refusal.message}"))
+            return ({"phase": st.EvaluationPhase.FAILED, "jobName": job["metadata"]["name"],
+                     "checkpoint": spec.evaluation.after_training.checkpoint, "message": refusal.message},
+                    st.Cond(st.ConditionType.EVALUATED, st.FALSE, st.Reason.EVALUATION_FAILED, refusal.message))
+    return st.pending_evaluation(job["metadata"]["name"], spec.evaluation.after_training.checkpoint)
+
+
+@kopf.on.event("batch", "v1", "jobs", labels={EVALUATION_LABEL: kopf.PRESENT})
+@instrumented("evaluation_changed")
+def evaluation_changed(event: Mapping, body: kopf.Body, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+    """The evaluation Job moved: status.evaluation and the Evaluated condition follow it; once it
+    finished, its pod's termination message gives the scores."""
+    owner = _owner_ref(body)
+    if owner is None or event.get("type") == "DELETED":
+        return  # a deleted Job leaves the last status it wrote
+    api = memo.api_client
+    job = copy.deepcopy(dict(body))
+    name = job["metadata"]["name"]
+    pods: list[dict] = []
+    conditions = (job.get("status") or {}).get("conditions") or []
+    if any(c.get("type") == "Complete" and c.get("status") == st.TRUE for c in conditions):
+        try:
+            listed = kubernetes.client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=f"job-name={name}")
+            pods = [api.sanitize_for_serialization(p) for p in listed.items]
+        except ApiException as exc:
+            logging.getLogger(__name__).warning("cannot list the pods of Job %s/%s: %s", namespace, name, exc.reason)
+
+    def compute(parent: Mapping, current: Mapping) -> dict:
+        previous = current.get("evaluation") or {}
+        if previous.get("phase") in st.EvaluationPhase.TERMINAL:
+            return dict(current)  # finished: a later event (the Job's pods being cleaned up) changes nothing
+        evaluation, cond = st.observe_evaluation(job, pods, previous)
+        return {**current, "evaluation": evaluation, "conditions": st.upsert_conditions(
+            current.get("conditions") or [], [cond], now=now(), generation=parent["metadata"].get("generation"))}
 
     write_status(api, namespace, owner["name"], owner["uid"], compute)
 

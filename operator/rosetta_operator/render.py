@@ -433,6 +433,66 @@ def render(name: str, namespace: str, spec: TranslationTrainingSpec, owner: dict
     return Rendered(names=names, configmap=configmap, jobset=jobset)
 
 
+# ------------------------------------------------------------ the after-training evaluation
+
+EVALUATION_LABEL = "rosetta.dev/evaluation"  # on the evaluation Job and its pod: the training's name
+EVALUATION_RESULTS = "evaluation"  # under the run's output: the scores and hypotheses
+
+
+def evaluation_job_name(name: str) -> str:
+    return f"{name}-eval"  # names are at most 48 characters (spec.MAX_NAME_LENGTH)
+
+
+def checkpoint_root(spec: TranslationTrainingSpec, output: str) -> str:
+    """Where the trainer writes its checkpoints, as the pods see it (`output`: the run's directory)."""
+    directory = spec.checkpoint.dir or "checkpoints"
+    return directory if directory.startswith("/") else f"{output}/{directory}"
+
+
+def evaluation_command(spec: TranslationTrainingSpec, output: str, config: str) -> list[str]:
+    """`rosetta evaluate` of the checkpoint afterTraining picks, on the test sets, on the CPU."""
+    after = spec.evaluation.after_training
+    return ["python", "-m", "rosetta_trainer", "evaluate", "-f", config,
+            "--checkpoint", checkpoint_root(spec, output), "--pick", after.checkpoint, "--device", "cpu",
+            "--split", "test", "--output", f"{output}/{EVALUATION_RESULTS}"]
+
+
+def render_evaluation_job(name: str, namespace: str, spec: TranslationTrainingSpec,
+                          owner: dict | None = None) -> dict | None:
+    """The batch/v1 Job that evaluates a checkpoint once the training succeeded; None without
+    spec.evaluation.afterTraining. The training pod's volumes, image and security context, no GPU,
+    none of the gang's scheduling (its node selector and tolerations are for GPU nodes)."""
+    after = spec.evaluation.after_training
+    if after is None:
+        return None
+    names = resource_names(name, spec.nodes)
+    pod_volumes, mounts = volumes(spec, names)
+    keep = {v["name"] for v in pod_volumes if v["name"] != "dshm"}  # no NCCL or dataloader workers here
+    output = f"{output_mount(spec)}/{names.training}"
+    config = f"{CONFIG_DIR}/{CONFIG_KEY}"
+    env = [{"name": "ROSETTA_TRAINING", "value": names.training}, {"name": "ROSETTA_CONFIG", "value": config},
+           {"name": "ROSETTA_OUTPUT", "value": output}, {"name": "CUDA_VISIBLE_DEVICES", "value": ""}]
+    for purpose, var in (("data", "ROSETTA_DATA_DIR"), ("model", "ROSETTA_MODEL_DIR")):
+        vol = spec.volume_for(purpose)
+        if vol:
+            env.append({"name": var, "value": vol.mount_path})
+    env += user_env(spec)
+    labels = {**BASE_LABELS, EVALUATION_LABEL: label_value(name)}
+    return _render_template(
+        "evaluation-job.yaml.j2", spec=spec, job_name=evaluation_job_name(name), namespace=namespace,
+        labels=labels, owner_references=owner_references(owner),
+        pod_failure_policy={"rules": [{"action": "Ignore",
+                                       "onPodConditions": [{"type": DISRUPTION_TARGET, "status": "True"}]}]},
+        automount_token=spec.pod_security.automount_service_account_token,
+        image_pull_secrets=[{"name": s} for s in spec.image_pull_secrets],
+        security_context=pod_security_context(spec), container_security_context=container_security_context(),
+        command=evaluation_command(spec, output, config), env=env,
+        resources={"requests": {"cpu": after.cpu, "memory": after.memory},
+                   "limits": {"cpu": after.cpu, "memory": after.memory}},
+        volume_mounts=[m for m in mounts if m["name"] in keep], volumes=[v for v in pod_volumes if v["name"] in keep],
+    )
+
+
 # What the apiserver accepts (and etcd stores): annotations of one object 256 KiB in all, ConfigMap
 # data 1 MiB, any object about 1.5 MiB. The JobSet carries the spec as JSON in an annotation (the
 # handlers' applied-spec record), so it is counted there; the rest of its annotations are small.

@@ -622,6 +622,29 @@ class TranslationTrainingSpec(TrainerSpec):
         return value
 
     @model_validator(mode="after")
+    def _after_training_reads_shared_checkpoints(self):
+        after = self.evaluation.after_training
+        if after is None:
+            return self
+        # The evaluation is its own pod, started after the gang's pods are gone: it finds the
+        # checkpoints only on a volume that outlives them.
+        needs = "evaluation.afterTraining: the evaluation pod reads the checkpoints after the training's pods are gone"
+        volume = self.volume_for("checkpoints")
+        if volume is None or volume.persistent_volume_claim is None:
+            what = "no volume has purpose: checkpoints" if volume is None else \
+                f"volume '{volume.name}' (purpose: checkpoints) is not a persistentVolumeClaim"
+            raise ValueError(f"{needs}, so they must be on a persistentVolumeClaim, and {what}; add "
+                             f"{{name: checkpoints, mountPath: {DEFAULT_OUTPUT_MOUNT}, purpose: checkpoints, "
+                             "persistentVolumeClaim: {claimName: NAME}}")
+        directory = self.checkpoint.dir
+        if directory and directory.startswith("/") and not any(
+                v.persistent_volume_claim is not None and _under(directory, v.mount_path) for v in self.volumes):
+            raise ValueError(f"{needs}: checkpoint.dir {directory} is not on a persistentVolumeClaim volume")
+        if after.checkpoint == "averaged" and self.checkpoint.average is None:
+            raise ValueError("evaluation.afterTraining.checkpoint is averaged but checkpoint.average is not set")
+        return self
+
+    @model_validator(mode="after")
     def _device_matches_gpus(self):
         if self.training.device == "cuda" and self.gpus_per_node == 0:
             raise ValueError("training.device is cuda but gpusPerNode is 0")

@@ -68,6 +68,8 @@ NAMESPACED = {
 } | {
     ("jobset.x-k8s.io", "jobsets", v) for v in ("get", "list", "watch", "create", "patch")
 } | {
+    ("batch", "jobs", v) for v in ("get", "list", "watch", "create")
+} | {
     ("", "configmaps", "get"), ("", "configmaps", "create"), ("", "configmaps", "patch"),
     ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"), ("", "events", "create"),
 } | {

@@ -62,6 +62,14 @@ SCENARIOS = {
                 for split in (s.data.train, s.data.validation, s.data.test) for src in split),
         "efs",
     ),
+    # (4b) T5 on CNN/DailyMail, then the test set summarized (predict with generate) on CPU in a Job of its own
+    "t5-cnn-dailymail-cpu-eval.yaml": (
+        lambda s: s.task == "summarization" and "t5" in (_pretrained(s) or "") and s.gpus_per_node == 1
+        and s.evaluation.after_training is not None and s.training.activation_checkpointing
+        and all((src.source_column, src.target_column) == ("article", "highlights")
+                for split in (s.data.train, s.data.validation, s.data.test) for src in split),
+        "",
+    ),
     # (5) a GKE A3 run
     "gke-a3.yaml": (
         lambda s: s.network.profile == "gke-a3" and s.gpus_per_node == 8,
@@ -130,6 +138,17 @@ def test_deepspeed_examples_say_what_the_deepspeed_work_adds():
         if load_training(path).spec.launcher == "deepspeed":
             assert "zeroStage" in path.read_text(), path.name
     assert "task: summarization" in (EXAMPLES_DIR / "t5-summarization-zero3-2x4.yaml").read_text()
+
+
+def test_the_cnn_dailymail_example_renders_its_cpu_evaluation_job():
+    from rosetta_operator.render import render_evaluation_job
+
+    training = load_training(EXAMPLES_DIR / "t5-cnn-dailymail-cpu-eval.yaml")
+    job = render_evaluation_job(training.metadata.name, "default", training.spec)
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert "--device" in container["command"] and container["command"][container["command"].index("--device") + 1] == "cpu"
+    assert "nvidia.com/gpu" not in str(container["resources"])
+    assert "tolerations" not in job["spec"]["template"]["spec"]
 
 
 def test_p5_example_requests_the_nodes_32_efa_devices():

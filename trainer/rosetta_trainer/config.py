@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, get_args, get_origin
 
 from pydantic import (
-    AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints, ValidationError, ValidationInfo,
-    field_validator, model_validator,
+    AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, StringConstraints, ValidationError,
+    ValidationInfo, WithJsonSchema, field_validator, model_validator,
 )
 from pydantic.alias_generators import to_camel
 
@@ -669,6 +669,29 @@ class CheckpointSpec(Model):
         return self
 
 
+# A Kubernetes quantity (int-or-string): the same rule as the operator's spec.resources.
+_QUANTITY = r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+PodQuantity = Annotated[
+    str, IntOrString(),
+    BeforeValidator(lambda v: str(v) if isinstance(v, int) and not isinstance(v, bool) else v),
+    Field(max_length=64, pattern=_QUANTITY),
+    WithJsonSchema({"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}],
+                    "pattern": _QUANTITY}),
+]
+
+
+class AfterTrainingSpec(Model):
+    """Once the training succeeded, one more pod evaluates a checkpoint on the test sets, on CPU."""
+
+    checkpoint: Literal["final", "best", "averaged"] = Field(
+        "final",
+        description="Which checkpoint: the newest, the best by validation score, or the averaged model "
+                    "(needs checkpoint.average).",
+    )
+    cpu: PodQuantity = Field("4", description="CPU request and limit of the evaluation pod, e.g. 8 or 3500m.")
+    memory: PodQuantity = Field("16Gi", description="Memory request and limit of the evaluation pod, e.g. 32Gi.")
+
+
 class EvaluationSpec(Model):
     interval: Optional[int] = Field(
         None, ge=1, description="Steps between validation runs; default: at each checkpoint."
@@ -704,6 +727,11 @@ class EvaluationSpec(Model):
         ),
     )
     at_end: bool = Field(True, description="Evaluate validation and test sets when training ends.")
+    after_training: Optional[AfterTrainingSpec] = Field(
+        None,
+        description="Evaluate one checkpoint on the test sets in a separate CPU pod after the training "
+                    "succeeded (status.evaluation); needs the checkpoints on a persistentVolumeClaim.",
+    )
 
     @field_validator("metrics")
     @classmethod

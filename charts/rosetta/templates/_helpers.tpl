@@ -96,6 +96,11 @@ app.kubernetes.io/component: operator
 - apiGroups: [jobset.x-k8s.io]
   resources: [jobsets]
   verbs: [get, list, watch, create, patch]
+# The after-training evaluation (spec.evaluation.afterTraining): one Job per training, created
+# once its JobSet succeeded, then watched. Never deleted: the ownerReference does that.
+- apiGroups: [batch]
+  resources: [jobs]
+  verbs: [get, list, watch, create]
 # The training's ConfigMap: created, or brought up to date.
 - apiGroups: [""]
   resources: [configmaps]
