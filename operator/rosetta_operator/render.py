@@ -436,6 +436,7 @@ def render(name: str, namespace: str, spec: TranslationTrainingSpec, owner: dict
 # ------------------------------------------------------------ the after-training evaluation
 
 EVALUATION_LABEL = "rosetta.dev/evaluation"  # on the evaluation Job and its pod: the training's name
+EVALUATION_CHECKPOINT = "rosetta.dev/checkpoint"  # the Job's annotation: afterTraining.checkpoint
 EVALUATION_RESULTS = "evaluation"  # under the run's output: the scores and hypotheses
 
 
@@ -480,7 +481,7 @@ def render_evaluation_job(name: str, namespace: str, spec: TranslationTrainingSp
     labels = {**BASE_LABELS, EVALUATION_LABEL: label_value(name)}
     return _render_template(
         "evaluation-job.yaml.j2", spec=spec, job_name=evaluation_job_name(name), namespace=namespace,
-        labels=labels, owner_references=owner_references(owner),
+        labels=labels, annotations={EVALUATION_CHECKPOINT: after.checkpoint}, owner_references=owner_references(owner),
         pod_failure_policy={"rules": [{"action": "Ignore",
                                        "onPodConditions": [{"type": DISRUPTION_TARGET, "status": "True"}]}]},
         automount_token=spec.pod_security.automount_service_account_token,

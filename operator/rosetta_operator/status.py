@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping, Optional
 
 from rosetta_trainer.data_checks import TERMINATION_PREFIX
 from rosetta_trainer.final_result import parse_evaluation
-from rosetta_operator.render import KUEUE_QUEUE_LABEL, PREEMPTION_ACTION
+from rosetta_operator.render import EVALUATION_CHECKPOINT, KUEUE_QUEUE_LABEL, PREEMPTION_ACTION
 
 
 class Phase:
@@ -596,6 +596,9 @@ def observe_evaluation(job: Mapping, pods: Iterable[Mapping], previous: Optional
     status = job.get("status") or {}
     evaluation = {k: v for k, v in (previous or {}).items() if k not in ("phase", "message")}
     evaluation["jobName"] = name
+    checkpoint = ((job.get("metadata") or {}).get("annotations") or {}).get(EVALUATION_CHECKPOINT)
+    if checkpoint:  # its first event may come before the status write that says so
+        evaluation["checkpoint"] = checkpoint
     if status.get("startTime"):
         evaluation["startTime"] = status["startTime"]
     failed = _job_condition(job, "Failed")

@@ -154,6 +154,14 @@ def test_a_running_job():
     assert cond.reason == "EvaluationRunning"
 
 
+def test_the_jobs_first_event_says_which_checkpoint():
+    # The Job's ADDED event may be handled before the status write that follows its creation.
+    job = {**job_of(), "status": {}}
+    evaluation, cond = st.observe_evaluation(job, [], None)
+    assert evaluation == {"phase": "Pending", "jobName": "mt-eval", "checkpoint": "best"}
+    assert cond.reason == "EvaluationPending"
+
+
 # ------------------------------------------------------------------------------- handlers
 
 
