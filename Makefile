@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml Makefile $(CONSTRAINTS)
 	python3 -m venv $(VENV)
 	$(PIP) install --upgrade pip setuptools wheel
 	$(PIP) install -c $(CONSTRAINTS) "$(TORCH)"
-	$(PIP) install -c $(CONSTRAINTS) -e '.[dev,export]'
+	$(PIP) install -c $(CONSTRAINTS) -e '.[dev,export,tracking]'
 	touch $(STAMP)
 
 demo: install
@@ -32,7 +32,7 @@ test-fast: install
 BENCH_STAMP := $(VENV)/.installed-bench
 
 $(BENCH_STAMP): $(STAMP)
-	$(PIP) install -c $(CONSTRAINTS) -e '.[dev,export,bench]'
+	$(PIP) install -c $(CONSTRAINTS) -e '.[dev,export,tracking,bench]'
 	touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)

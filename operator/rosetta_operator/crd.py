@@ -313,6 +313,7 @@ def status_schema() -> dict:
         "etaSeconds": _t("number", "Estimated seconds to the last step."),
         "bleu": _t("number", "Latest validation BLEU."),
         "bestBleu": _t("number", "Best validation BLEU so far."),
+        "validationLoss": _t("number", "Latest validation loss, beside loss to show overfitting."),
         "lastCheckpoint": _t("string", "Path of the newest checkpoint."),
         "lastCheckpointStep": _t("integer", "Step of the newest checkpoint."),
         "updatedAt": _time("When the trainer reported this"),

@@ -32,6 +32,7 @@ TRAINER_METRICS: tuple[str, ...] = (
     "rosetta_resumed_from_step",
     "rosetta_bleu",
     "rosetta_best_bleu",
+    "rosetta_validation_loss",
     # + lang
     "rosetta_eval_bleu",
     "rosetta_eval_chrf",

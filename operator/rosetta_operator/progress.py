@@ -87,7 +87,8 @@ def progress_from(metrics: Mapping[str, Any], *, now: str) -> Optional[dict]:
                          ("tokensPerSecond", _round(_num(metrics, "rosetta_tokens_per_second"), 1)),
                          ("mfu", _round(_num(metrics, "rosetta_mfu"), 4)),
                          ("bleu", _round(bleu, 2)),
-                         ("bestBleu", _round(_num(metrics, "rosetta_best_bleu"), 2))):
+                         ("bestBleu", _round(_num(metrics, "rosetta_best_bleu"), 2)),
+                         ("validationLoss", _round(_num(metrics, "rosetta_validation_loss"), 4))):
         if value is not None:
             progress[field] = value
     checkpoint_step = _num(metrics, "rosetta_last_checkpoint_step")

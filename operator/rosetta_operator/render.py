@@ -251,6 +251,23 @@ def s3_credentials_env(spec: TranslationTrainingSpec) -> list[dict]:
     return env
 
 
+def tracking_env(spec: TranslationTrainingSpec) -> list[dict]:
+    """The experiment trackers' credentials, by reference to the Secrets spec.tracking names:
+    the key itself never reaches the TranslationTraining, its ConfigMap or the JobSet."""
+    refs = []
+    if spec.tracking.wandb is not None and spec.tracking.wandb.api_key_secret is not None:
+        refs.append(("WANDB_API_KEY", "wandb.apiKeySecret", spec.tracking.wandb.api_key_secret))
+    if spec.tracking.mlflow is not None and spec.tracking.mlflow.token_secret is not None:
+        refs.append(("MLFLOW_TRACKING_TOKEN", "mlflow.tokenSecret", spec.tracking.mlflow.token_secret))
+    names = {name: field for name, field, _ in refs}
+    clashes = [(f"spec.env[{i}].name", f"{var.name} is set from tracking.{names[var.name]}; remove one of them")
+               for i, var in enumerate(spec.env) if var.name in names]
+    if clashes:
+        raise ConfigError(clashes)
+    return [{"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+            for name, _, ref in refs]
+
+
 def command(spec: TranslationTrainingSpec) -> list[str]:
     """Every value comes through $(VAR), expanded by the kubelet, so a local runner can reuse it.
 
@@ -425,7 +442,8 @@ def render(name: str, namespace: str, spec: TranslationTrainingSpec, owner: dict
         security_context=pod_security_context(spec), container_security_context=container_security_context(),
         automount_token=spec.pod_security.automount_service_account_token,
         command=command(spec),
-        env=launcher_env(spec, names) + profile_env(spec) + s3_credentials_env(spec) + user_env(spec),
+        env=launcher_env(spec, names) + profile_env(spec) + s3_credentials_env(spec) + tracking_env(spec)
+        + user_env(spec),
         ports=[{"name": "metrics", "containerPort": metrics_port, "protocol": "TCP"}] if metrics_port else [],
         resources=resources(spec), volume_mounts=mounts, volumes=pod_volumes,
     )

@@ -23,6 +23,7 @@ rosetta_last_checkpoint_step{{{RUN}}} 100.0
 rosetta_last_checkpoint_info{{{RUN},path="/ckpt/mt/checkpoints/step-00000100"}} 1.0
 rosetta_bleu{{{RUN}}} 27.456
 rosetta_best_bleu{{{RUN}}} 28.1
+rosetta_validation_loss{{{RUN}}} 3.123456
 rosetta_eval_bleu{{{RUN},lang="de"}} 27.456
 rosetta_gpu_memory_bytes{{{RUN},rank="0"}} 1e9
 rosetta_gpu_memory_bytes{{{RUN},rank="1"}} 2e9
@@ -46,7 +47,7 @@ def test_progress_has_every_figure_and_only_declared_fields():
     assert p == {
         "step": 120, "totalSteps": 600, "percent": 20.0, "display": "20% 120/600", "epoch": 1.2346,
         "loss": 2.3457, "learningRate": 0.0005, "tokensPerSecond": 12345.7, "etaSeconds": 240.0,
-        "bleu": 27.46, "bestBleu": 28.1, "lastCheckpointStep": 100,
+        "bleu": 27.46, "bestBleu": 28.1, "validationLoss": 3.1235, "lastCheckpointStep": 100,
         "lastCheckpoint": "/ckpt/mt/checkpoints/step-00000100", "updatedAt": NOW,
     }
     declared = status_schema()["properties"]["progress"]["properties"]

@@ -126,7 +126,8 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
 
     telemetry = Telemetry(output, name=document.metadata.name, namespace=document.metadata.namespace,
                           port=spec.metrics.port, tensorboard=spec.metrics.tensorboard,
-                          enabled=world.is_main, resumed_step=position.step)
+                          enabled=world.is_main, resumed_step=position.step, tracking=spec.tracking,
+                          config=spec.model_dump(mode="json", by_alias=True, exclude_none=True))
     # Set by the JobSet (and `rosetta run`) on every pod: how often the gang was restarted.
     restart_attempt = int(os.environ.get("ROSETTA_RESTART_ATTEMPT") or 0)
     telemetry.set_static(restarts=restart_attempt, resumed_from_step=position.step, best_bleu=position.best_bleu)

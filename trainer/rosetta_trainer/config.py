@@ -759,6 +759,82 @@ class MetricsSpec(Model):
     )
 
 
+class SecretKeySelector(Model):
+    """One key of a Kubernetes Secret; the operator passes it to the pods as an env var (valueFrom)."""
+
+    name: str = Field(..., min_length=1, max_length=253, description="Name of the Secret, in the training's namespace.")
+    key: str = Field(..., min_length=1, max_length=253, description="Key inside the Secret.")
+
+    @field_validator("name")
+    @classmethod
+    def _secret_name(cls, value: str) -> str:
+        if not _SECRET_NAME.match(value):
+            raise ValueError(f"'{value}' is not a valid Secret name (lowercase a-z, 0-9, '-' and '.')")
+        return value
+
+
+class WandbSpec(Model):
+    """Weights & Biases. The API key comes from a Secret (WANDB_API_KEY), never from the spec."""
+
+    project: str = Field(..., min_length=1, max_length=128, description="W&B project the run is logged to.")
+    entity: Optional[str] = Field(None, max_length=128, description="W&B team or user; default the API key's own.")
+    mode: Literal["auto", "online", "offline"] = Field(
+        "auto",
+        description=(
+            "online: send as the run goes; offline: write the run under <output>/wandb for `wandb sync`; "
+            "auto: online when an API key is set and the W&B host answers, else offline."
+        ),
+    )
+    base_url: Optional[str] = Field(
+        None, max_length=PATH_MAX, description="Self-hosted W&B server (WANDB_BASE_URL); default https://api.wandb.ai."
+    )
+    tags: list[Annotated[str, StringConstraints(max_length=64)]] = Field(
+        default_factory=list, max_length=32, description="Tags on the W&B run."
+    )
+    api_key_secret: Optional[SecretKeySelector] = Field(
+        None, description="Secret key holding the W&B API key, set as WANDB_API_KEY on the pods."
+    )
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(f"'{value}' must be an http:// or https:// URL")
+        return value
+
+
+class MlflowSpec(Model):
+    """MLflow. A token for the tracking server comes from a Secret (MLFLOW_TRACKING_TOKEN)."""
+
+    tracking_uri: Optional[str] = Field(
+        None, max_length=PATH_MAX,
+        description=(
+            "MLflow tracking server (http(s)://...) or local store (file:/path); default "
+            "file:<output>/mlruns, which needs no network."
+        ),
+    )
+    experiment: Optional[str] = Field(
+        None, max_length=NAME_MAX, description="MLflow experiment; default the training's name."
+    )
+    token_secret: Optional[SecretKeySelector] = Field(
+        None, description="Secret key holding a bearer token for the tracking server, set as MLFLOW_TRACKING_TOKEN."
+    )
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _uri(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not value.startswith(("http://", "https://", "file:", "databricks")):
+            raise ValueError(f"'{value}' must be an http(s):// URL, a file: URI or databricks")
+        return value
+
+
+class TrackingSpec(Model):
+    """Experiment trackers that receive what metrics.jsonl and eval.jsonl get (rank 0 only)."""
+
+    wandb: Optional[WandbSpec] = Field(None, description="Log to Weights & Biases (the [tracking] extra).")
+    mlflow: Optional[MlflowSpec] = Field(None, description="Log to MLflow (the [tracking] extra).")
+
+
 class TrainerSpec(Model):
     """Everything the trainer reads. The operator's spec extends this with cluster fields."""
 
@@ -777,6 +853,9 @@ class TrainerSpec(Model):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)
+    tracking: TrackingSpec = Field(
+        default_factory=TrackingSpec, description="Weights & Biases and MLflow, optional; rank 0 logs."
+    )
 
     @model_validator(mode="wrap")
     @classmethod

@@ -170,6 +170,53 @@ def evaluate_examples(model, tokenizer, examples: list[Example], spec: TrainerSp
     return scores, hypotheses
 
 
+@torch.no_grad()
+def validation_loss(model, tokenizer, examples: list[Example], spec: TrainerSpec, world: World) -> float | None:
+    """The training criterion (label-smoothed cross-entropy per target token) on `examples`,
+    teacher-forced: the figure to set beside the training loss to see overfitting.
+
+    Collective when distributed: every rank scores examples[rank::size] and the sums are
+    reduced. Every rank runs the same number of forwards (ZeRO-3 gathers parameters in each),
+    padding its share with rows whose labels are all ignored."""
+    from rosetta_trainer.batching import IGNORE_INDEX, collate, encode
+    from rosetta_trainer.distributed import all_reduce_sum
+    from rosetta_trainer.losses import label_smoothed_cross_entropy
+
+    if not examples:
+        return None
+    d, batch = spec.data, spec.evaluation.batch_sentences
+    inputs = model_inputs(examples, d.source_lang, spec.uses_task_prefix())
+    mine = list(range(world.rank, len(examples), world.size))
+    share = -(-len(examples) // world.size)
+    corpus = encode(tokenizer, [inputs[i] for i in mine], [examples[i].target for i in mine],
+                    d.max_source_length, d.max_target_length) if mine else None
+    module = getattr(model, "module", model)
+    was_training = module.training
+    module.eval()
+    totals = torch.zeros(2, dtype=torch.float64, device=world.device)  # loss sum, target tokens
+    for start in range(0, share, batch):
+        rows = list(range(start, min(start + batch, share)))
+        real = [r for r in rows if r < len(mine)]
+        if corpus is None:  # fewer examples than ranks: a dummy row, fully ignored
+            padded = {"input_ids": torch.full((1, 1), tokenizer.pad_token_id),
+                      "attention_mask": torch.ones(1, 1, dtype=torch.long), "labels": torch.full((1, 1), IGNORE_INDEX)}
+        else:
+            padded = collate(corpus, real or [0], tokenizer.pad_token_id)
+            if not real:
+                padded["labels"].fill_(IGNORE_INDEX)
+        labels = padded["labels"].to(world.device)
+        decoder_inputs = module.prepare_decoder_input_ids_from_labels(labels=labels)
+        logits = module(input_ids=padded["input_ids"].to(world.device),
+                        attention_mask=padded["attention_mask"].to(world.device),
+                        decoder_input_ids=decoder_inputs).logits
+        loss_sum = label_smoothed_cross_entropy(logits.float(), labels, spec.training.label_smoothing, IGNORE_INDEX)
+        totals[0] += loss_sum.double()
+        totals[1] += (labels != IGNORE_INDEX).sum()
+    module.train(was_training)
+    totals = all_reduce_sum(world, totals)
+    return float(totals[0] / totals[1]) if float(totals[1]) > 0 else None
+
+
 def sharded_parameters(model) -> bool:
     """True for a DeepSpeed engine under ZeRO-3 (each rank holds only a slice of every weight)."""
     stage = getattr(model, "zero_optimization_stage", None)

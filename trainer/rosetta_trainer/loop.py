@@ -24,7 +24,7 @@ from rosetta_trainer.data import Example
 from rosetta_trainer.distributed import (
     World, all_gather_objects, all_reduce_sum, all_reduce_sum_async, control_group,
 )
-from rosetta_trainer.evaluate import evaluate_examples, primary_metric
+from rosetta_trainer.evaluate import evaluate_examples, primary_metric, validation_loss
 from rosetta_trainer.preemption import StopRequested
 from rosetta_trainer.flops import Seq2SeqDims, peak_for_run, training_flops
 from rosetta_trainer.losses import label_smoothed_cross_entropy
@@ -44,6 +44,9 @@ class Position:
     best_bleu: float | None = None
     best_step: int | None = None
     last_bleu: float | None = None
+    # Newest validation loss, carried on every metrics.jsonl line (not saved: a resumed run
+    # reports none until its first evaluation).
+    last_val_loss: float | None = None
 
 
 class NonFiniteError(RuntimeError):
@@ -268,6 +271,7 @@ class Trainer:
             "step_time_s": seconds / steps,
             "data_wait_s": data_wait,
             "skipped_steps": len(self.skipped_steps),
+            "val_loss": pos.last_val_loss,
         }
         gpu_memory = self._gpu_memory_by_rank()
         if gpu_memory is not None:
@@ -291,7 +295,10 @@ class Trainer:
     def _evaluate(self, split: str, examples: list[Example]) -> dict:
         with self.telemetry.phase("evaluate"):
             scores, _ = evaluate_examples(self.model, self.tokenizer, examples, self.spec, self.world)
-        record = {"step": self.pos.step, "split": split, **scores}
+        loss = validation_loss(self.model, self.tokenizer, examples, self.spec, self.world)
+        record = {"step": self.pos.step, "split": split, "loss": loss, **scores}
+        if split == "validation":
+            self.pos.last_val_loss = loss
         metric = self.metric
         if split == "validation" and scores.get(metric) is not None:
             self.pos.last_bleu = scores[metric]

@@ -1,4 +1,5 @@
-"""Where a run reports: metrics.jsonl, eval.jsonl, summary.json, TensorBoard and Prometheus.
+"""Where a run reports: metrics.jsonl, eval.jsonl, summary.json, TensorBoard, Prometheus and the
+experiment trackers of spec.tracking (tracking.py: Weights & Biases, MLflow).
 
 Only rank 0 reports. The same figures go to every sink so that a dashboard, a
 script reading the JSON lines and TensorBoard never disagree. The Prometheus
@@ -50,7 +51,7 @@ def truncate_jsonl(path: Path, after_step: int) -> None:
 
 class Telemetry:
     def __init__(self, output: Path, *, name: str, namespace: str | None, port: int, tensorboard: bool,
-                 enabled: bool, resumed_step: int = 0):
+                 enabled: bool, resumed_step: int = 0, tracking=None, config: dict | None = None):
         self.enabled = enabled
         self.output = output
         self.metrics_path = output / "metrics.jsonl"
@@ -61,6 +62,7 @@ class Telemetry:
         self._phase = None
         self._best_bleu = None
         self.port = None
+        self._trackers = None
         if not enabled:
             return
         output.mkdir(parents=True, exist_ok=True)
@@ -72,6 +74,11 @@ class Telemetry:
             self._tb = SummaryWriter(log_dir=str(output / "tensorboard"), purge_step=resumed_step + 1)
         if port:
             self._start_prometheus(port, name, namespace or "")
+        if tracking is not None and (tracking.wandb or tracking.mlflow):
+            from rosetta_trainer.tracking import Trackers
+
+            self._trackers = Trackers.start(tracking, output=output, name=name, config=config or {},
+                                            resumed=resumed_step > 0)
 
     # ------------------------------------------------------------- Prometheus
     def _start_prometheus(self, port: int, name: str, namespace: str) -> None:
@@ -100,6 +107,7 @@ class Telemetry:
             "resumed_from_step": "Step this attempt resumed from (0: started fresh)",
             "bleu": "Latest validation BLEU over all languages",
             "best_bleu": "Best validation BLEU so far",
+            "validation_loss": "Latest validation loss (the training criterion, teacher-forced, per target token)",
         }
         for key, doc in specs.items():
             g = Gauge(PREFIX + key, doc, list(labels), registry=self.registry)
@@ -156,6 +164,8 @@ class Telemetry:
                              ("mfu", "throughput/mfu")):
                 if record.get(key) is not None:
                     self._tb.add_scalar(tag, record[key], step)
+        if self._trackers is not None:
+            self._trackers.log_step(record)
         for key, field in (("step", "step"), ("epoch", "epoch"), ("loss", "loss"), ("learning_rate", "lr"),
                            ("tokens_per_second", "tokens_per_s"), ("samples_per_second", "samples_per_s"),
                            ("grad_norm", "grad_norm"), ("mfu", "mfu"), ("flops_per_second", "flops_per_s"),
@@ -177,14 +187,18 @@ class Telemetry:
         step = record["step"]
         split = record.get("split", "validation")
         if self._tb is not None:
-            for metric in ("bleu", "chrf"):
-                if record.get(metric) is not None:
-                    self._tb.add_scalar(f"{split}/{metric}", record[metric], step)
-            for lang, s in record.get("langs", {}).items():
-                for metric in ("bleu", "chrf"):
-                    if s.get(metric) is not None:
-                        self._tb.add_scalar(f"{split}/{metric}_{lang}", s[metric], step)
+            from rosetta_trainer.tracking import eval_metrics
+
+            # loss, BLEU, chrF, ROUGE: validation/loss, validation/bleu, validation/bleu_de, ...
+            for tag, value in eval_metrics(record).items():
+                self._tb.add_scalar(tag, value, step)
+            if split == "validation" and record.get("loss") is not None:
+                self._tb.add_scalar("loss/validation", record["loss"], step)  # beside loss/train
+            self._tb.flush()
+        if self._trackers is not None:
+            self._trackers.log_eval(record)
         if split == "validation":
+            self._set("validation_loss", record.get("loss"))
             bleu = record.get("bleu")
             if bleu is not None:
                 self._set("bleu", bleu)
@@ -228,11 +242,17 @@ class Telemetry:
             return None
         path = self.output / "summary.json"
         path.write_text(json.dumps(_clean(summary), indent=2) + "\n")
+        if self._trackers is not None:
+            self._trackers.summary({k: summary.get(k) for k in ("steps", "final_loss", "final_bleu", "best_bleu",
+                                                                "best_step", "primary_metric", "wall_seconds")})
         return path
 
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
+        if self._trackers is not None:
+            self._trackers.close()
+            self._trackers = None
         server = getattr(self, "_server", None)
         if server is not None:
             server.shutdown()
