@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -118,6 +119,14 @@ def test_chart_runs_the_operator_image_in_the_cluster_and_prometheus_scrapes_it(
     assert deployment.status.available_replicas == 1  # a real pod of the operator image, Ready
     (operator_pod,) = [p for p in node_cluster.pods(ns) if p.metadata.name.startswith(deployment.metadata.name)]
     assert operator_pod.spec.node_name == real_node.NODE_NAME
+
+    # `helm test`: the chart's test pod, of the operator image, reads the operator's metrics through
+    # its Service by DNS name.
+    tested = helm(node_cluster, tmp_path, "test", "rosetta", "--namespace", ns, "--timeout", "180s")
+    assert tested.returncode == 0, tested.stdout + tested.stderr + kubectl(node_cluster, "describe", "pods", "-n",
+                                                                          ns).stdout
+    assert "rosetta-test-operator-serving" in tested.stdout and re.search(r"Phase:\s+Succeeded", tested.stdout), \
+        tested.stdout
 
     (service,) = node_cluster.core.list_namespaced_service(ns).items  # the chart's metrics Service
     port = next(p.port for p in service.spec.ports if p.name == "metrics")

@@ -61,15 +61,17 @@ def render_files(values: Optional[dict] = None, *, namespace: str = RAW_NAMESPAC
         chart.close()
 
 
-def render(values: Optional[dict] = None, *, values_files: Iterable[Path] = (), **kwargs: Any) -> list[dict]:
-    """The chart's objects (NOTES.txt left out), in Helm's install order."""
+def render(values: Optional[dict] = None, *, values_files: Iterable[Path] = (), tests: bool = False,
+           **kwargs: Any) -> list[dict]:
+    """The chart's objects (NOTES.txt left out; `helm test`'s pods only with tests=True, as
+    `helm install` keeps them for `helm test`), in Helm's install order."""
     merged: dict = {}
     for path in values_files:
         merged = deep_merge(merged, load_values(path))  # Helm -f semantics
     merged = deep_merge(merged, values or {})
     objects = []
     for path, text in sorted(render_files(merged, **kwargs).items()):
-        if path.endswith("NOTES.txt"):
+        if path.endswith("NOTES.txt") or ("/templates/tests/" in path and not tests):
             continue
         objects += [doc for doc in yaml.safe_load_all(text) if doc]
     return sort_objects(objects)
