@@ -8,13 +8,18 @@ TokenRequest API, as the kubelet would mount it)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Iterator
 
 import yaml
 
-from control_plane import free_port
+from control_plane import find_assets, free_port
 from support.cluster import OperatorProcess, wait_for
 from test_lifecycle import small_training, wait_running
 from workloads import provision, status
@@ -23,11 +28,13 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "rosetta"
 
 
-def helm(cluster, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "KUBECONFIG": cluster.kubeconfig, "HELM_CACHE_HOME": str(tmp_path / "cache"),
+def helm(cluster, tmp_path: Path, *args: str, kubeconfig: str = "") -> subprocess.CompletedProcess:
+    # Without a cluster, an empty kubeconfig: never the user's own.
+    kubeconfig = kubeconfig or (cluster.kubeconfig if cluster is not None else str(tmp_path / "no-kubeconfig"))
+    env = {**os.environ, "KUBECONFIG": kubeconfig, "HELM_CACHE_HOME": str(tmp_path / "cache"),
            "HELM_CONFIG_HOME": str(tmp_path / "config"), "HELM_DATA_HOME": str(tmp_path / "data")}
-    return subprocess.run([str(cluster.cp.assets.bin("helm")), *args], env=env, capture_output=True, text=True,
-                          timeout=180)
+    binary = cluster.cp.assets.bin("helm") if cluster is not None else find_assets().bin("helm")
+    return subprocess.run([str(binary), *args], env=env, capture_output=True, text=True, timeout=180)
 
 
 def service_account_kubeconfig(cluster, namespace: str, account: str, path: Path) -> str:
@@ -42,6 +49,7 @@ def service_account_kubeconfig(cluster, namespace: str, account: str, path: Path
 
 def test_chart_install_runs_a_training_with_the_charts_rbac(live_cluster, live_namespace, tmp_path):
     ns = live_namespace
+    # The JobSet check (a lookup of its CRD, which this cluster has) lets the install through.
     liveness, metrics = free_port(), free_port()
     installed = helm(live_cluster, tmp_path, "install", "rosetta", str(CHART), "--namespace", ns,
                      "--set", "crd.install=false",  # the session's cluster has the CRD already
@@ -83,3 +91,88 @@ def test_chart_install_runs_a_training_with_the_charts_rbac(live_cluster, live_n
     removed = helm(live_cluster, tmp_path, "uninstall", "rosetta", "--namespace", ns, "--wait")
     assert removed.returncode == 0, removed.stderr
     assert not apps.list_namespaced_deployment(ns).items
+
+
+# ------------------------------------------------------------------ the helm binary, no cluster
+
+
+def test_helm_binary_lints_and_validates_values_against_the_schema(tmp_path):
+    linted = helm(None, tmp_path, "lint", str(CHART), "--strict", "--set", "icon=x")
+    assert linted.returncode != 0 and "additional properties 'icon' not allowed" in linted.stdout + linted.stderr
+    linted = helm(None, tmp_path, "lint", str(CHART))
+    assert linted.returncode == 0, linted.stdout + linted.stderr
+    for values in ("values-eks.yaml", "values-gke.yaml"):
+        linted = helm(None, tmp_path, "lint", str(CHART), "-f", str(CHART / values))
+        assert linted.returncode == 0, linted.stdout + linted.stderr
+    wrong = helm(None, tmp_path, "template", "r", str(CHART), "--set", "replicaCount=two")
+    assert wrong.returncode != 0
+    assert "at '/replicaCount': got string, want integer" in wrong.stderr, wrong.stderr
+    # Offline (`helm template`), the JobSet check has no cluster to ask and lets everything through.
+    rendered = helm(None, tmp_path, "template", "r", str(CHART))
+    assert rendered.returncode == 0, rendered.stderr
+
+
+@contextlib.contextmanager
+def apiserver_without_jobset() -> Iterator[str]:
+    """Just enough of a Kubernetes API for Helm's `lookup`: discovery, the kube-system namespace,
+    and no CRD at all. A kubeconfig's server URL."""
+    resources = {
+        "/api/v1": {"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+            {"name": "namespaces", "singularName": "namespace", "namespaced": False, "kind": "Namespace",
+             "verbs": ["get", "list"]}]},
+        "/apis/apiextensions.k8s.io/v1": {"kind": "APIResourceList", "groupVersion": "apiextensions.k8s.io/v1",
+                                          "resources": [{"name": "customresourcedefinitions",
+                                                         "singularName": "customresourcedefinition",
+                                                         "namespaced": False, "kind": "CustomResourceDefinition",
+                                                         "verbs": ["get", "list"]}]},
+        "/version": {"major": "1", "minor": "36", "gitVersion": "v1.36.3"},
+        "/api": {"kind": "APIVersions", "versions": ["v1"]},
+        "/apis": {"kind": "APIGroupList", "apiVersion": "v1", "groups": [{
+            "name": "apiextensions.k8s.io", "versions": [{"groupVersion": "apiextensions.k8s.io/v1", "version": "v1"}],
+            "preferredVersion": {"groupVersion": "apiextensions.k8s.io/v1", "version": "v1"}}]},
+        "/api/v1/namespaces/kube-system": {"apiVersion": "v1", "kind": "Namespace",
+                                           "metadata": {"name": "kube-system"}},
+    }
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *_):
+            pass
+
+        def do_GET(self):
+            body = resources.get(self.path.split("?")[0])
+            code = 200 if body else 404
+            data = json.dumps(body or {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                       "reason": "NotFound", "code": 404}).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_install_without_jobset_fails_saying_how_to_install_it(tmp_path):
+    with apiserver_without_jobset() as url:
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "c",
+            "clusters": [{"name": "c", "cluster": {"server": url}}], "users": [{"name": "u", "user": {}}],
+            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+        # --dry-run=server: the templates see the cluster as `helm install` does, and nothing is written.
+        refused = helm(None, tmp_path, "template", "r", str(CHART), "--dry-run=server", kubeconfig=str(kubeconfig))
+        assert refused.returncode != 0
+        assert "JobSet is not installed in this cluster (no CustomResourceDefinition jobsets.jobset.x-k8s.io)" \
+            in refused.stderr, refused.stderr
+        assert "kubectl apply --server-side -f https://github.com/kubernetes-sigs/jobset/releases/download/v0.12.0/" \
+            "manifests.yaml" in refused.stderr
+        skipped = helm(None, tmp_path, "template", "r", str(CHART), "--dry-run=server", "--set", "jobset.requireCRD=false",
+                       kubeconfig=str(kubeconfig))
+        assert skipped.returncode == 0, skipped.stderr
