@@ -294,6 +294,19 @@ def plan_pods(rendered: Rendered, nodes: int, mounts: Mounts, hardware: Hardware
     return pods
 
 
+def plan_evaluation(job: dict, mounts: Mounts, warn: Callable[[str], None] = print) -> LocalPod:
+    """The after-training evaluation Job's pod (render.render_evaluation_job) as a local process:
+    the training's shared volumes and its trainer config (as pod 0 of the last attempt saw them)."""
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    paths = PathMap(list(mounts.shared.mounts))
+    if mounts.config_mount is not None:
+        paths.add(mounts.config_mount, (mounts.output / "config").resolve()
+                  if (mounts.output / "config" / CONFIG_KEY).exists() else mounts.pod_dir(0, 0) / "config")
+    env = pod_env(container, 0, job["metadata"]["name"], paths, {"CUDA_VISIBLE_DEVICES": ""}, warn)
+    argv = [paths.rewrite(_expand(arg, env)) for arg in container["command"] + container.get("args", [])]
+    return LocalPod(name=job["metadata"]["name"], index=0, argv=_launcher_argv(argv), env=env, paths=paths)
+
+
 def trainer_output(rendered: Rendered, paths: PathMap) -> Path:
     """Where rank 0 writes metrics, evaluations and the summary (the trainer's --output), locally:
     `paths` of the first pod (rank 0's), which differ per attempt when the output is an emptyDir."""

@@ -16,17 +16,19 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
 from rosetta_operator.local.pods import (
-    LocalRunError, fit_hardware, free_port, gpu_count, mount_volumes, plan_pods, trainer_output,
+    LocalRunError, fit_hardware, free_port, gpu_count, mount_volumes, plan_evaluation, plan_pods, trainer_output,
 )
 from rosetta_operator.local.progress import TrainingProgress
 from rosetta_operator.local.report import format_table, summary_rows, write_plots
 from rosetta_operator.local.supervisor import LocalJobSet
-from rosetta_operator.render import grace_period_seconds, render
+from rosetta_operator.render import grace_period_seconds, render, render_evaluation_job
 from rosetta_operator.spec import load_training
 
 
@@ -38,6 +40,32 @@ def parse_volume_args(values: list[str]) -> dict[str, Path]:
             raise LocalRunError(f"--volume {value!r}: expected NAME=LOCAL_DIR")
         out[name] = Path(path).expanduser().resolve()
     return out
+
+
+def run_evaluation(job: dict, mounts, out: Path, warn) -> dict:
+    """spec.evaluation.afterTraining, here: the evaluation Job's command as one local process on the
+    CPU, after the training succeeded. Its scores, as status.evaluation would hold them."""
+    from rosetta_operator.status import observe_evaluation
+
+    pod = plan_evaluation(job, mounts, warn=warn)
+    message_file = out / "evaluation-termination-log"
+    message_file.unlink(missing_ok=True)
+    env = {**os.environ, **pod.env, "ROSETTA_TERMINATION_LOG": str(message_file)}
+    log = out / "logs" / f"{pod.name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    print(f"[rosetta run] evaluating after training on the CPU ({pod.name}; log {log})", flush=True)
+    with open(log, "a", encoding="utf-8") as f:
+        code = subprocess.run(pod.argv, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+    # What the operator would write into status.evaluation, from the same Job and termination message.
+    message = message_file.read_text() if message_file.exists() else ""
+    ended = {"type": "Complete" if code == 0 else "Failed", "status": "True", "message": f"exit code {code}"}
+    evaluation, _ = observe_evaluation({**job, "status": {"conditions": [ended]}}, [
+        {"status": {"containerStatuses": [{"state": {"terminated": {"exitCode": code, "message": message}}}]}}], None)
+    if code != 0:
+        warn(f"the evaluation exited with {code}; see {log}")
+    else:
+        print(f"[rosetta run] evaluation: {json.dumps(evaluation)}", flush=True)
+    return evaluation
 
 
 def run(file: str, *, output: str | None = None, volumes: list[str] = (), overrides: list[str] = (),
@@ -93,10 +121,14 @@ def run(file: str, *, output: str | None = None, volumes: list[str] = (), overri
         bar.close()
 
     plots = write_plots(trainer_out, out / "plots") if (trainer_out / "metrics.jsonl").exists() else []
+    evaluation = None
+    if outcome.phase == "Succeeded" and spec.evaluation.after_training is not None:
+        evaluation = run_evaluation(render_evaluation_job(name, namespace, spec), mounts, out, warn)
     (out / "run.json").write_text(json.dumps({
         "phase": outcome.phase, "restarts": outcome.restarts, "exit_codes": outcome.exit_codes,
         "message": outcome.message, "trainer_output": str(trainer_out),
         "plots": [str(p) for p in plots], "hardware_note": hardware.note,
+        **({"evaluation": evaluation} if evaluation is not None else {}),
     }, indent=2))
     print(format_table(summary_rows(outcome, trainer_out, plots)), flush=True)
     if outcome.phase == "Succeeded":
