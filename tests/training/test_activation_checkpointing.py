@@ -1,4 +1,4 @@
-"""Activation checkpointing in a real run: two processes under torchrun, DDP and DeepSpeed ZeRO-2.
+"""Activation checkpointing in a real run: two processes under torchrun, DDP and DeepSpeed ZeRO-2 and 3.
 
 Recomputing the layers in backward (with the saved RNG state, so dropout draws the same masks)
 must log the same losses as keeping their activations.
@@ -29,7 +29,7 @@ def assert_same_losses(a: dict, b: dict):
         assert a[step] == pytest.approx(b[step], rel=LOSS_RTOL), step
 
 
-def test_ddp_and_zero2_log_the_same_losses_with_it_on(tmp_path):
+def test_ddp_and_zero_log_the_same_losses_with_it_on(tmp_path):
     off = tmp_path / "off"
     torchrun_training(BASE, off, 2)
     on = tmp_path / "ddp-on"
@@ -37,7 +37,8 @@ def test_ddp_and_zero2_log_the_same_losses_with_it_on(tmp_path):
     assert summary["steps"] == STEPS
     assert_same_losses(logged_losses(on), logged_losses(off))
 
-    zero2 = tmp_path / "zero2-on"
-    torchrun_training(deep_update(BASE, {**ON, "spec": {**ON["spec"], "distributed": {
-        "backend": "deepspeed", "zeroStage": 2}}}), zero2, 2)
-    assert_same_losses(logged_losses(zero2), logged_losses(off))
+    for name, distributed in (("zero2-on", {"backend": "deepspeed", "zeroStage": 2}),
+                              ("zero3-on", {"backend": "deepspeed", "zeroStage": 3})):
+        out = tmp_path / name
+        torchrun_training(deep_update(BASE, {"spec": {**ON["spec"], "distributed": distributed}}), out, 2)
+        assert_same_losses(logged_losses(out), logged_losses(off))
