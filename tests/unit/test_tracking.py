@@ -187,3 +187,21 @@ def test_tracking_spec_refuses_what_could_not_work():
                 {"mlflow": {"trackingUri": "mlflow:5000"}}):
         with pytest.raises(ValidationError):
             TrackingSpec.model_validate(bad)
+
+
+def test_a_tracker_that_cannot_start_is_left_out_and_a_missing_package_is_an_error(tmp_path, monkeypatch, caplog):
+    def refused(*args, **kwargs):
+        raise PermissionError("API key rejected")
+
+    monkeypatch.setattr(tracking, "WandbTracker", refused)
+    started = tracking.Trackers.start(TrackingSpec.model_validate({"wandb": {"project": "p"}}), output=tmp_path,
+                                      name="run-a", config={}, resumed=False)
+    assert started.trackers == [] and "API key rejected" in caplog.text
+
+    def missing(*args, **kwargs):
+        raise ImportError("spec.tracking.wandb needs the wandb package")
+
+    monkeypatch.setattr(tracking, "WandbTracker", missing)
+    with pytest.raises(ImportError, match="wandb package"):
+        tracking.Trackers.start(TrackingSpec.model_validate({"wandb": {"project": "p"}}), output=tmp_path,
+                                name="run-a", config={}, resumed=False)

@@ -116,7 +116,12 @@ class WandbTracker:
         self.run.summary.update(values)
 
     def close(self) -> None:
+        import wandb
+
         self.run.finish()
+        # finish() returns before W&B's service process has written the run file out (an offline
+        # run's .wandb can still be empty); teardown waits for it and stops the service.
+        wandb.teardown()
 
 
 class MlflowTracker:
@@ -182,13 +187,22 @@ class Trackers:
                 ids = json.loads(ids_path.read_text())
             except (OSError, ValueError):
                 ids = {}
-        trackers = []
+        starts = []
         if spec.wandb is not None:
-            trackers.append(WandbTracker(spec.wandb, output=output, run_name=name, config=config,
-                                         resume_id=ids.get("wandb")))
+            starts.append(("wandb", lambda: WandbTracker(spec.wandb, output=output, run_name=name, config=config,
+                                                         resume_id=ids.get("wandb"))))
         if spec.mlflow is not None:
-            trackers.append(MlflowTracker(spec.mlflow, output=output, run_name=name, experiment=name,
-                                          params=config, resume_id=ids.get("mlflow")))
+            starts.append(("mlflow", lambda: MlflowTracker(spec.mlflow, output=output, run_name=name, experiment=name,
+                                                           params=config, resume_id=ids.get("mlflow"))))
+        trackers = []
+        for tracker_name, start in starts:
+            try:
+                trackers.append(start())
+            except ImportError:
+                raise  # the spec asks for a package the environment lacks: say so before any work
+            except Exception as exc:  # a rejected key, an unreachable server: train without it
+                log.warning("%s: could not start (%s: %s); the run goes on without it", tracker_name,
+                            type(exc).__name__, exc)
         if trackers:
             ids_path.write_text(json.dumps({t.name: t.id for t in trackers}) + "\n")
         return cls(trackers)
