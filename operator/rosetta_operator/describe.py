@@ -126,6 +126,8 @@ def _progress_line(progress: Mapping) -> str:
         extras.append(f"epoch {progress['epoch']:.2f}")
     if isinstance(progress.get("loss"), (int, float)):
         extras.append(f"loss {progress['loss']:.4f}")
+    if isinstance(progress.get("validationLoss"), (int, float)):  # beside the training loss: overfitting shows
+        extras.append(f"validation loss {progress['validationLoss']:.4f}")
     if isinstance(progress.get("tokensPerSecond"), (int, float)):
         extras.append(f"{progress['tokensPerSecond']:.0f} tokens/s")
     if isinstance(progress.get("mfu"), (int, float)):

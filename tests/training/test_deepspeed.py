@@ -94,6 +94,9 @@ def test_generation_under_zero3_completes_on_uneven_shards(runs):
     # Same weights, same greedy decoding: the same BLEU as the DDP run.
     ddp = {r["step"]: r["bleu"] for r in read_jsonl(runs["out"]["ddp"] / "eval.jsonl") if r["split"] == "validation"}
     assert evals[-1]["bleu"] == pytest.approx(ddp[STEPS], abs=0.5)
+    # The teacher-forced validation loss too: every rank ran the same number of forwards.
+    ddp_loss = {r["step"]: r["loss"] for r in read_jsonl(runs["out"]["ddp"] / "eval.jsonl") if r["split"] == "validation"}
+    assert evals[-1]["loss"] == pytest.approx(ddp_loss[STEPS], rel=LOSS_RTOL)
 
 
 def test_export_is_a_hugging_face_model_with_the_ddp_weights(runs):

@@ -124,6 +124,12 @@ def test_get_prints_kubectl_columns():
     assert describe.table([training()], NOW).splitlines()[1].split() == ["mt", "-", "-", "-", "-", "0", "0", "5m"]
 
 
+def test_status_shows_the_validation_loss_beside_the_training_loss():
+    status = {**RUNNING["status"], "progress": {**RUNNING["status"]["progress"], "validationLoss": 2.75}}
+    out = describe.describe({**RUNNING, "status": status}, NOW)
+    assert "(epoch 1.25, loss 2.5000, validation loss 2.7500, 1234 tokens/s)" in out
+
+
 def test_status_prints_one_training_in_full():
     out = describe.describe(RUNNING, NOW)
     fields = dict((k, v.strip()) for k, v in (line.split(":", 1) for line in out.splitlines()[:12]))
