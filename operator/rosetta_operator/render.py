@@ -468,6 +468,12 @@ def checkpoint_root(spec: TranslationTrainingSpec, output: str) -> str:
     return directory if directory.startswith("/") else f"{output}/{directory}"
 
 
+def cpu_threads(cpu: str) -> int:
+    """Whole cores of a CPU quantity (8, 7500m, 0.5), at least 1."""
+    cores = float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
+    return max(1, int(cores))
+
+
 def evaluation_command(spec: TranslationTrainingSpec, output: str, config: str) -> list[str]:
     """`rosetta evaluate` of the checkpoint afterTraining picks, on the test sets, on the CPU."""
     after = spec.evaluation.after_training
@@ -490,7 +496,9 @@ def render_evaluation_job(name: str, namespace: str, spec: TranslationTrainingSp
     output = f"{output_mount(spec)}/{names.training}"
     config = f"{CONFIG_DIR}/{CONFIG_KEY}"
     env = [{"name": "ROSETTA_TRAINING", "value": names.training}, {"name": "ROSETTA_CONFIG", "value": config},
-           {"name": "ROSETTA_OUTPUT", "value": output}, {"name": "CUDA_VISIBLE_DEVICES", "value": ""}]
+           {"name": "ROSETTA_OUTPUT", "value": output}, {"name": "CUDA_VISIBLE_DEVICES", "value": ""},
+           # torch would start a thread per core of the node, whatever the pod's CPU limit
+           {"name": "OMP_NUM_THREADS", "value": str(cpu_threads(after.cpu))}]
     for purpose, var in (("data", "ROSETTA_DATA_DIR"), ("model", "ROSETTA_MODEL_DIR")):
         vol = spec.volume_for(purpose)
         if vol:

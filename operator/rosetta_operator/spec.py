@@ -640,6 +640,8 @@ class TranslationTrainingSpec(TrainerSpec):
         if directory and directory.startswith("/") and not any(
                 v.persistent_volume_claim is not None and _under(directory, v.mount_path) for v in self.volumes):
             raise ValueError(f"{needs}: checkpoint.dir {directory} is not on a persistentVolumeClaim volume")
+        if not self.data.test:
+            raise ValueError("evaluation.afterTraining evaluates the test sets, and data.test is empty")
         if after.checkpoint == "averaged" and self.checkpoint.average is None:
             raise ValueError("evaluation.afterTraining.checkpoint is averaged but checkpoint.average is not set")
         return self

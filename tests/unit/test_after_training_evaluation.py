@@ -22,11 +22,12 @@ from support.handler_api import (  # noqa: F401 - api and warnings are fixtures
 )
 
 AFTER = {"afterTraining": {"checkpoint": "best", "cpu": 6, "memory": "12Gi"}}
+DATA = {**SPEC["data"], "test": [{"format": "generated", "size": 10, "seed": 3}]}
 OWNER = {"apiVersion": "rosetta.dev/v1alpha1", "kind": "TranslationTraining", "name": NAME, "uid": UID}
 
 
 def spec_with(**patch):
-    return parse_spec({**copy.deepcopy(SPEC), "evaluation": AFTER, **patch})
+    return parse_spec({**copy.deepcopy(SPEC), "data": DATA, "evaluation": AFTER, **patch})
 
 
 def job_of(**patch) -> dict:
@@ -51,6 +52,19 @@ def test_the_job_evaluates_the_picked_checkpoint_on_the_cpu():
                             "--split", "test", "--output", "/runs/mt/evaluation"]
     assert c["resources"] == {"requests": {"cpu": "6", "memory": "12Gi"}, "limits": {"cpu": "6", "memory": "12Gi"}}
     assert {"name": "CUDA_VISIBLE_DEVICES", "value": ""} in c["env"]
+    assert {"name": "OMP_NUM_THREADS", "value": "6"} in c["env"]
+
+
+@pytest.mark.parametrize("cpu, threads", [("8", 8), ("7500m", 7), ("500m", 1), ("1.5", 1)])
+def test_the_pod_uses_as_many_threads_as_it_has_cores(cpu, threads):
+    env = job_of(evaluation={"afterTraining": {"cpu": cpu}})["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "OMP_NUM_THREADS", "value": str(threads)} in env
+
+
+def test_after_training_needs_test_data():
+    data = {**SPEC["data"], "test": []}
+    with pytest.raises(ConfigError, match="data.test is empty"):
+        spec_with(data=data)
 
 
 def test_the_job_mounts_the_trainings_volumes_and_keeps_its_security_context():
@@ -89,13 +103,14 @@ def test_the_job_passes_the_jobs_pod_template_schema():
 ])
 def test_after_training_needs_the_checkpoints_on_a_claim(volumes, expected):
     with pytest.raises(ConfigError) as err:
-        parse_spec({**copy.deepcopy(SPEC), "nodes": 1, "volumes": volumes, "evaluation": AFTER})
+        parse_spec({**copy.deepcopy(SPEC), "data": DATA, "nodes": 1, "volumes": volumes, "evaluation": AFTER})
     assert "evaluation.afterTraining" in str(err.value) and expected in str(err.value)
 
 
 def test_an_absolute_checkpoint_dir_off_the_claim_is_refused():
     with pytest.raises(ConfigError, match="checkpoint.dir /elsewhere is not on a persistentVolumeClaim"):
-        parse_spec({**copy.deepcopy(SPEC), "nodes": 1, "checkpoint": {"dir": "/elsewhere"}, "evaluation": AFTER})
+        parse_spec({**copy.deepcopy(SPEC), "data": DATA, "nodes": 1, "checkpoint": {"dir": "/elsewhere"},
+                    "evaluation": AFTER})
 
 
 def test_the_averaged_model_needs_checkpoint_average():
@@ -189,7 +204,7 @@ def succeed_training(api, m):
 
 def test_a_succeeded_training_gets_one_evaluation_job(api, jobs):
     m = memo(api)
-    training(api, evaluation=AFTER)
+    training(api, evaluation=AFTER, data=DATA)
     reconcile(api, m)
     assert jobs == {}  # nothing before the training succeeded
     tt, jobset = succeed_training(api, m)
@@ -204,7 +219,7 @@ def test_a_succeeded_training_gets_one_evaluation_job(api, jobs):
 
 def test_a_job_left_from_a_lost_status_write_is_adopted(api, jobs):
     m = memo(api)
-    training(api, evaluation=AFTER)
+    training(api, evaluation=AFTER, data=DATA)
     reconcile(api, m)
     jobs["mt-eval"] = {"metadata": {"name": "mt-eval"}}  # created, then the status write was lost
     tt, _ = succeed_training(api, m)
@@ -222,7 +237,7 @@ def test_no_job_without_after_training_or_before_success(api, jobs):
 
 def test_the_jobs_events_bring_the_scores_into_status(api, jobs, monkeypatch):
     m = memo(api)
-    training(api, evaluation=AFTER)
+    training(api, evaluation=AFTER, data=DATA)
     reconcile(api, m)
     succeed_training(api, m)
     job = {**jobs["mt-eval"], "status": {"active": 1}}
