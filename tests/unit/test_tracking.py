@@ -205,3 +205,12 @@ def test_a_tracker_that_cannot_start_is_left_out_and_a_missing_package_is_an_err
     with pytest.raises(ImportError, match="wandb package"):
         tracking.Trackers.start(TrackingSpec.model_validate({"wandb": {"project": "p"}}), output=tmp_path,
                                 name="run-a", config={}, resumed=False)
+
+
+def test_params_are_flattened_into_keys_mlflow_accepts():
+    params = tracking.flatten({"training": {"lr": 0.1, "batch": {"tokens": 4096}},
+                               "distributed": {"deepspeed": {"zero_optimization:stage": 3}},
+                               "data": {"targetLangs": ["de", "fr"], "note": "x" * 7000}})
+    assert params == {"training.lr": "0.1", "training.batch.tokens": "4096",
+                      "distributed.deepspeed.zero_optimization_stage": "3",
+                      "data.targetLangs": '["de", "fr"]', "data.note": "x" * 6000}

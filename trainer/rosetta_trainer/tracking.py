@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
 from pathlib import Path
 from urllib.parse import urlparse
@@ -49,14 +50,16 @@ def step_metrics(record: dict) -> dict[str, float]:
 
 
 def flatten(value, prefix: str = "") -> dict[str, str]:
-    """The spec as MLflow params: `training.lr: 0.0005`, lists as JSON."""
+    """The spec as MLflow params: `training.lr: 0.0005`, lists as JSON. MLflow refuses a key with
+    other characters than letters, digits, `_ - . / ` and space (a DeepSpeed override's key may
+    have them) and a value over 6,000 characters."""
     if isinstance(value, dict):
         out: dict[str, str] = {}
         for key, item in value.items():
-            out.update(flatten(item, f"{prefix}{key}."))
+            out.update(flatten(item, f"{prefix}{re.sub(r'[^0-9A-Za-z_./ -]', '_', str(key))}."))
         return out
     text = json.dumps(value) if isinstance(value, list) else str(value)
-    return {prefix.rstrip("."): text[:6000]}
+    return {prefix.rstrip(".")[:250]: text[:6000]}
 
 
 def reachable(url: str, timeout: float = 3.0) -> bool:
