@@ -115,7 +115,28 @@ def summary(obj: Mapping, now: datetime) -> dict:
     }
     if out["etaSeconds"] is not None:
         out["etaSeconds"] = round(out["etaSeconds"], 1)
+    if status.get("evaluation"):  # evaluation.afterTraining
+        out["evaluation"] = dict(status["evaluation"])
     return out
+
+
+_EVALUATION_SCORES = (("bleu", "BLEU"), ("chrf", "chrF"), ("rouge1", "ROUGE-1"), ("rouge2", "ROUGE-2"),
+                      ("rougeL", "ROUGE-L"), ("rougeLsum", "ROUGE-Lsum"))
+
+
+def _evaluation_line(evaluation: Mapping) -> str:
+    """`Succeeded (best: step-00004000): ROUGE-1 41.20, ROUGE-L 38.10 on 11490 test pairs`."""
+    which = ": ".join(str(evaluation[k]) for k in ("checkpoint", "checkpointPath") if evaluation.get(k))
+    text = (evaluation.get("phase") or "-") + (f" ({which})" if which else "")
+    scores = [f"{label} {evaluation[key]:.2f}" for key, label in _EVALUATION_SCORES
+              if isinstance(evaluation.get(key), (int, float))]
+    if scores:
+        text += ": " + ", ".join(scores)
+        if evaluation.get("samples"):
+            text += f" on {evaluation['samples']} test pairs"
+    if evaluation.get("message"):
+        text += f": {evaluation['message']}"
+    return text + (f", Job {evaluation['jobName']}" if evaluation.get("jobName") else "")
 
 
 def _progress_line(progress: Mapping) -> str:
@@ -170,6 +191,8 @@ def describe(obj: Mapping, now: datetime) -> str:
         ("JobSet", s["jobSetName"] or "-"),
         ("Started", _when(s["startTime"], now)), ("Completed", _when(s["completionTime"], now)),
     ]
+    if s.get("evaluation"):
+        fields.append(("Evaluation", _evaluation_line(s["evaluation"])))
     width = max(len(k) for k, _ in fields) + 2
     lines = [f"{(k + ':').ljust(width)}{v}" for k, v in fields]
     conditions = s["conditions"]

@@ -147,6 +147,17 @@ def test_status_prints_one_training_in_full():
     assert "Conditions:     -" in describe.describe(training(), NOW)
 
 
+def test_status_shows_the_after_training_evaluation():
+    evaluation = {"phase": "Succeeded", "jobName": "mt-eval", "checkpoint": "best", "checkpointPath": "step-00000400",
+                  "step": 400, "samples": 20, "rouge1": 41.2, "rougeL": 38.1}
+    obj = {**RUNNING, "status": {**RUNNING["status"], "phase": "Succeeded", "evaluation": evaluation}}
+    line = next(line for line in describe.describe(obj, NOW).splitlines() if line.startswith("Evaluation:"))
+    assert line.split(":", 1)[1].strip() == ("Succeeded (best: step-00000400): ROUGE-1 41.20, ROUGE-L 38.10 "
+                                             "on 20 test pairs, Job mt-eval")
+    assert describe.summary(obj, NOW)["evaluation"] == evaluation
+    assert "evaluation" not in describe.summary(RUNNING, NOW) and "Evaluation:" not in describe.describe(RUNNING, NOW)
+
+
 def test_status_as_data_has_the_same_figures():
     figures = describe.summary(RUNNING, NOW)
     assert figures["etaSeconds"] == 540.0 and figures["lastCheckpointStep"] == 400 and figures["restarts"] == 1
