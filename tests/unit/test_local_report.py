@@ -35,3 +35,21 @@ def test_summarization_reports_rouge(tmp_path):
     assert "validation ROUGE-L" in table and "BLEU" not in table
     assert "test ROUGE-1 / ROUGE-2 / ROUGE-L" in table and "76.20 / 61.40 / 75.30" in table
     assert sorted(p.name for p in plots) == ["learning_rate.png", "loss.png", "rougel.png"]
+
+
+def test_the_loss_plot_has_the_validation_loss_beside_the_training_loss(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    lines = {}
+    close = plt.close
+
+    def record(fig):
+        lines[fig.axes[0].get_title()] = {line.get_label(): list(line.get_ydata()) for line in fig.axes[0].lines}
+        close(fig)
+
+    monkeypatch.setattr(plt, "close", record)
+    _run(tmp_path, {**BASE, "final_bleu": 31.5, "best_bleu": 31.5, "primary_metric": "bleu"},
+         [{"step": 1, "split": "validation", "loss": 2.5, "bleu": 31.5, "langs": {"de": {"bleu": 31.5}}},
+          {"step": 1, "split": "test", "loss": 9.0, "bleu": 30.0, "langs": {"de": {"bleu": 30.0}}}])
+    assert lines["loss"] == {"training": [2.0], "validation": [2.5]}
+    assert lines["learning rate"] == {"training": [1e-3]}

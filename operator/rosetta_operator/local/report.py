@@ -53,7 +53,12 @@ def write_plots(trainer_output: Path, plots_dir: Path) -> list[Path]:
         if not metrics:
             break
         fig, ax = plt.subplots(figsize=(6, 3.5))
-        ax.plot(steps, [r.get(key) for r in metrics])
+        ax.plot(steps, [r.get(key) for r in metrics], label="training")
+        validation = [(e["step"], e["loss"]) for e in evals if e.get("loss") is not None]
+        if key == "loss" and validation:  # one chart, so that overfitting shows as the curves part
+            ax.plot(*zip(*validation), marker="o", label="validation")
+            ax.legend()
+            title = "loss"
         ax.set(xlabel="step", ylabel=title, title=title)
         ax.grid(alpha=0.3)
         save(fig, name)
