@@ -116,8 +116,9 @@ def test_an_absolute_checkpoint_dir_off_the_claim_is_refused():
 def test_the_averaged_model_needs_checkpoint_average():
     with pytest.raises(ConfigError, match="checkpoint.average is not set"):
         spec_with(evaluation={"afterTraining": {"checkpoint": "averaged"}})
-    assert spec_with(evaluation={"afterTraining": {"checkpoint": "averaged"}},
-                     checkpoint={"keep": 3, "interval": 5, "average": {"last": 2}}).evaluation.after_training.checkpoint == "averaged"
+    spec = spec_with(evaluation={"afterTraining": {"checkpoint": "averaged"}},
+                     checkpoint={"keep": 3, "interval": 5, "average": {"last": 2}})
+    assert spec.evaluation.after_training.checkpoint == "averaged"
 
 
 # ------------------------------------------------------------------------------- status (pure)

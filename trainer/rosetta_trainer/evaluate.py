@@ -264,7 +264,8 @@ def pick_checkpoint(root: str | Path, pick: str) -> Path:
     root = Path(root)
     if pick == "averaged":
         if not (root / AVERAGED_DIR).is_dir():
-            raise ConfigError([("--pick", f"averaged: {root / AVERAGED_DIR} does not exist (is checkpoint.average set?)")])
+            raise ConfigError([("--pick", f"averaged: {root / AVERAGED_DIR} does not exist "
+                                          "(is checkpoint.average set?)")])
         return root / AVERAGED_DIR
     found = complete_checkpoints(root)
     if not found:
