@@ -375,7 +375,8 @@ PRINTER_COLUMNS = [
     {"name": "GPUs/node", "type": "integer", "jsonPath": ".spec.gpusPerNode"},
     {"name": "Progress", "type": "string", "jsonPath": ".status.progress.display"},
     {"name": "BLEU", "type": "number", "jsonPath": ".status.progress.bleu"},
-    # -o wide only: most trainings never restart.
+    # -o wide only: most trainings never restart; the validation loss is for a closer look.
+    {"name": "Val loss", "type": "number", "jsonPath": ".status.progress.validationLoss", "priority": 1},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "priority": 1},
     {"name": "Preemptions", "type": "integer", "jsonPath": ".status.preemptions", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
