@@ -609,11 +609,21 @@ def start_evaluation(api: kubernetes.client.ApiClient, namespace: str, owner: Ma
     if training["metadata"]["uid"] != owner["uid"] or (training.get("status") or {}).get("evaluation"):
         return None
     job = render_evaluation_job(owner["name"], namespace, spec, owner=dict(owner))
+    batch = kubernetes.client.BatchV1Api(api)
     try:
-        kubernetes.client.BatchV1Api(api).create_namespaced_job(namespace, job)
+        batch.create_namespaced_job(namespace, job)
         logging.getLogger(__name__).info("created evaluation Job %s/%s", namespace, job["metadata"]["name"])
     except ApiException as exc:
-        if exc.status != 409:
+        if exc.status == 409:
+            # Ours from an attempt whose status write was lost, or a previous training's of the same
+            # name still being garbage-collected: that one is never adopted (a later JobSet event, or
+            # the replay of every JobSet at an operator restart, tries again).
+            existing = api.sanitize_for_serialization(batch.read_namespaced_job(job["metadata"]["name"], namespace))
+            refs = (existing.get("metadata") or {}).get("ownerReferences") or []
+            if not any(ref.get("uid") == owner["uid"] for ref in refs):
+                raise kopf.TemporaryError(f"Job {job['metadata']['name']} exists and is not this training's",
+                                          delay=30) from None
+        else:
             refusal = create_refusal(exc)
             if refusal is None:
                 raise  # transient: kopf calls us again with the next attempt

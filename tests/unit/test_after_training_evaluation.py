@@ -193,7 +193,12 @@ def jobs(api, monkeypatch):
         created[body["metadata"]["name"]] = copy.deepcopy(body)
         return body
 
+    def read_namespaced_job(name, namespace):
+        api.calls.append(("get", "jobs", name))
+        return copy.deepcopy(created[name])
+
     api.create_namespaced_job = create_namespaced_job
+    api.read_namespaced_job = read_namespaced_job
     monkeypatch.setattr(kubernetes.client, "BatchV1Api", lambda _client=None: api)
     return created
 
@@ -222,9 +227,21 @@ def test_a_job_left_from_a_lost_status_write_is_adopted(api, jobs):
     m = memo(api)
     training(api, evaluation=AFTER, data=DATA)
     reconcile(api, m)
-    jobs["mt-eval"] = {"metadata": {"name": "mt-eval"}}  # created, then the status write was lost
+    # created, then the status write was lost
+    jobs["mt-eval"] = {"metadata": {"name": "mt-eval", "ownerReferences": [{**OWNER, "controller": True}]}}
     tt, _ = succeed_training(api, m)
     assert list(jobs) == ["mt-eval"] and tt["status"]["evaluation"]["phase"] == "Pending"
+
+
+def test_a_previous_trainings_job_is_not_adopted(api, jobs):
+    m = memo(api)
+    training(api, evaluation=AFTER, data=DATA)
+    reconcile(api, m)
+    jobs["mt-eval"] = {"metadata": {"name": "mt-eval", "ownerReferences": [{**OWNER, "uid": "uid-of-the-last-mt"}]}}
+    jobset = jobset_status(api, status={"conditions": [{"type": "Completed", "status": "True"}]})
+    with pytest.raises(kopf.TemporaryError, match="not this training's"):
+        jobset_event(api, m, jobset)
+    assert "evaluation" not in api.get("translationtrainings", NAME).get("status", {})
 
 
 def test_no_job_without_after_training_or_before_success(api, jobs):
