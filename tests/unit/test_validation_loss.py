@@ -51,6 +51,18 @@ def test_equals_cross_entropy_over_all_target_tokens(tmp_path, smoothing, batch)
     assert not model.training
 
 
+def test_a_compiled_model_is_evaluated_eagerly(tmp_path):
+    """training.compile: evaluation's shapes and modes would make the compiled forward recompile."""
+    def refuse(graph, example_inputs):
+        raise AssertionError("the compiled forward ran")
+
+    tokenizer = tiny_tokenizer(tmp_path / "tok")
+    model = tiny_model(tokenizer)
+    s, world = spec(0.1, 4), World(0, 0, 1, torch.device("cpu"))
+    compiled = torch.compile(model, backend=refuse)
+    assert validation_loss(compiled, tokenizer, EXAMPLES, s, world) == validation_loss(model, tokenizer, EXAMPLES, s, world)
+
+
 def test_no_examples_no_loss(tmp_path):
     tokenizer = tiny_tokenizer(tmp_path / "tok")
     assert validation_loss(tiny_model(tokenizer), tokenizer, [], spec(0.1, 4), World(0, 0, 1, torch.device("cpu"))) is None

@@ -190,7 +190,10 @@ def validation_loss(model, tokenizer, examples: list[Example], spec: TrainerSpec
     share = -(-len(examples) // world.size)
     corpus = encode(tokenizer, [inputs[i] for i in mine], [examples[i].target for i in mine],
                     d.max_source_length, d.max_target_length) if mine else None
-    module = getattr(model, "module", model)
+    module = getattr(model, "module", model)  # DDP, a DeepSpeed engine
+    # torch.compile: evaluate eagerly, as generate() does; the compiled forward would recompile
+    # for evaluation's shapes and modes.
+    module = getattr(module, "_orig_mod", module)
     was_training = module.training
     module.eval()
     totals = torch.zeros(2, dtype=torch.float64, device=world.device)  # loss sum, target tokens
