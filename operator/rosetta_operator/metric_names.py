@@ -23,6 +23,8 @@ TRAINER_METRICS: tuple[str, ...] = (
     "rosetta_flops_per_second",
     "rosetta_step_seconds",
     "rosetta_dataloader_wait_seconds",
+    "rosetta_step_compute_seconds",
+    "rosetta_step_optimizer_seconds",
     "rosetta_last_checkpoint_step",
     "rosetta_last_checkpoint_info",      # + path
     "rosetta_checkpoint_save_seconds",
@@ -37,6 +39,8 @@ TRAINER_METRICS: tuple[str, ...] = (
     "rosetta_eval_bleu",
     "rosetta_eval_chrf",
     "rosetta_eval_gender_gap_bleu",
+    # + node
+    "rosetta_node_tokens_per_second",
     # + rank
     "rosetta_gpu_memory_bytes",
     # + phase (train, evaluate, checkpoint): 1 for the current one

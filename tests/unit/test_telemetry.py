@@ -127,3 +127,20 @@ def test_phase_says_what_rank_0_is_doing_so_a_pause_is_not_a_hang(tmp_path):
     quiet = Telemetry(tmp_path / "q", name="q", namespace=None, port=0, tensorboard=False, enabled=False)
     with quiet.phase("evaluate"):
         pass
+
+
+def test_step_time_split_and_tokens_per_node(tmp_path):
+    port = free_port()
+    t = Telemetry(tmp_path, name="run-b", namespace="team", port=port, tensorboard=False, enabled=True)
+    try:
+        t.log_step({**STEP, "data_wait_s": 0.01, "compute_s": 0.07, "optimizer_s": 0.02,
+                    "node_tokens_per_s": {"0": 600.0, "1": 400.0}})
+        got = scrape(port)
+    finally:
+        t.close()
+    run = (("namespace", "team"), ("training", "run-b"))
+    assert got[("rosetta_dataloader_wait_seconds", run)] == 0.01
+    assert got[("rosetta_step_compute_seconds", run)] == 0.07
+    assert got[("rosetta_step_optimizer_seconds", run)] == 0.02
+    assert got[("rosetta_node_tokens_per_second", tuple(sorted((*run, ("node", "0")))))] == 600.0
+    assert got[("rosetta_node_tokens_per_second", tuple(sorted((*run, ("node", "1")))))] == 400.0

@@ -29,6 +29,7 @@ from rosetta_trainer.preemption import StopRequested
 from rosetta_trainer.flops import Seq2SeqDims, peak_for_run, training_flops
 from rosetta_trainer.losses import label_smoothed_cross_entropy
 from rosetta_trainer.scoring import LABELS
+from rosetta_trainer.step_clock import StepClock
 from rosetta_trainer.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -147,8 +148,10 @@ class Trainer:
         self.stop.install()
         self.telemetry.set_static(total_steps=self.total_steps, world_size=world.size)
         stream = self._batches()
-        # loss·n, steps, tokens, target tokens, samples, flops, seconds waiting for batches
-        window = torch.zeros(7, dtype=torch.float64)
+        # loss·n, steps, tokens, target tokens, samples, flops, seconds waiting for batches,
+        # seconds in forward+backward, seconds in the optimizer step
+        window = torch.zeros(9, dtype=torch.float64)
+        clock = StepClock(world.device)
         loss_window = torch.zeros((), device=world.device)
         window_start = time.perf_counter()
         run_start = time.perf_counter()
@@ -166,17 +169,22 @@ class Trainer:
                     waited = time.perf_counter()
                     epoch, index, batch = next(stream)
                     window[6] += time.perf_counter() - waited
+                    started = clock.mark()
                     loss, _ = self._micro_step(batch, boundary=micro == accum - 1, accumulation=accum)
+                    clock.add("compute", started)
                     loss_window += loss / accum
                     window[2:6] += batch["counts"]  # tokens, target tokens, sentences, FLOPs
                     pos.epoch, pos.batch = epoch, index + 1
+                started = clock.mark()
                 grad_norm = self._optimizer_step()
+                clock.add("optimizer", started)
                 pos.step += 1
                 window[1] += 1
                 if bar is not None:
                     bar.update(1)
 
                 if pos.step % t.log_interval == 0 or pos.step == self.total_steps:
+                    window[7:9] = torch.tensor(clock.take(), dtype=torch.float64)
                     last_record = self._log(window, loss_window, grad_norm, time.perf_counter() - window_start, totals)
                     if bar is not None:
                         bar.set_postfix(loss=f"{last_record['loss']:.3f}", tok_s=f"{last_record['tokens_per_s']:.0f}",
@@ -248,11 +256,19 @@ class Trainer:
         world, pos = self.world, self.pos
         w = window.clone()
         w[0] = float(loss_window.item())
-        reduced = all_reduce_sum(world, w.to(world.device)).cpu()
+        # Each rank's tokens in its own slot, summed in the same collective: tokens/s per node.
+        mine = torch.zeros(world.size, dtype=torch.float64)
+        mine[world.rank] = window[2]
+        reduced = all_reduce_sum(world, torch.cat([w, mine]).to(world.device)).cpu()
         steps = max(1.0, float(window[1]))
         loss = float(reduced[0]) / world.size / steps
         tokens, tgt_tokens, samples, flops = (float(x) for x in reduced[2:6])
-        data_wait = float(reduced[6]) / world.size / steps
+        data_wait, compute, optimizer = (float(x) / world.size / steps for x in reduced[6:9])
+        per_node: dict[str, float] = {}
+        ranks_per_node = world.local_size or world.size
+        for rank, rank_tokens in enumerate(reduced[9:].tolist()):
+            node = str(rank // ranks_per_node)
+            per_node[node] = per_node.get(node, 0.0) + rank_tokens
         totals["tokens"] += tokens
         totals["seconds"] += seconds
         flops_per_s = flops / seconds if seconds > 0 else None
@@ -270,6 +286,9 @@ class Trainer:
             "mfu": (flops_per_s / (self.peak * world.size)) if (self.peak and flops_per_s) else None,
             "step_time_s": seconds / steps,
             "data_wait_s": data_wait,
+            "compute_s": compute,
+            "optimizer_s": optimizer,
+            "node_tokens_per_s": {n: v / seconds for n, v in per_node.items()} if seconds > 0 else None,
             "skipped_steps": len(self.skipped_steps),
             "val_loss": pos.last_val_loss,
         }

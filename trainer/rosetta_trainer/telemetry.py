@@ -101,6 +101,12 @@ class Telemetry:
             "last_checkpoint_step": "Step of the newest complete checkpoint",
             "world_size": "Processes in the run",
             "dataloader_wait_seconds": "Mean seconds per optimizer step spent waiting for the next batch",
+            "step_compute_seconds": "Mean seconds per optimizer step in forward and backward (GPU time on a GPU). "
+                                    "Under DDP the gradient all-reduce overlaps backward: the part of it that "
+                                    "backward cannot hide is counted here",
+            "step_optimizer_seconds": "Mean seconds per optimizer step in the optimizer step (GPU time on a GPU): "
+                                      "gradient clipping with its norm, the update, the LR schedule; under "
+                                      "DeepSpeed engine.step with the communication ZeRO does there",
             "checkpoint_save_seconds": "Wall seconds the last checkpoint save took (all ranks, barriers included)",
             "checkpoint_bytes": "Size on disk of the last checkpoint",
             "restarts": "Gang restarts before this attempt (ROSETTA_RESTART_ATTEMPT)",
@@ -118,6 +124,10 @@ class Telemetry:
                          "eval_gender_gap_bleu": "Masculine minus feminine BLEU (MT-GenEval)"}.items():
             self._gauges[key] = (Gauge(PREFIX + key, doc, [*labels, "lang"], registry=self.registry), labels)
         # Every rank's figure, gathered by rank 0 (the only process that serves metrics).
+        self._gauges["node_tokens_per_second"] = (Gauge(
+            PREFIX + "node_tokens_per_second", "Training tokens per second of the ranks on each node "
+            "(node: rank // ranks per node, the JobSet's node index)", [*labels, "node"], registry=self.registry),
+            labels)
         self._gauges["gpu_memory_bytes"] = (Gauge(
             PREFIX + "gpu_memory_bytes", "Peak GPU memory allocated by PyTorch on each rank (absent on CPU)",
             [*labels, "rank"], registry=self.registry), labels)
@@ -169,8 +179,13 @@ class Telemetry:
         for key, field in (("step", "step"), ("epoch", "epoch"), ("loss", "loss"), ("learning_rate", "lr"),
                            ("tokens_per_second", "tokens_per_s"), ("samples_per_second", "samples_per_s"),
                            ("grad_norm", "grad_norm"), ("mfu", "mfu"), ("flops_per_second", "flops_per_s"),
-                           ("step_seconds", "step_time_s"), ("dataloader_wait_seconds", "data_wait_s")):
+                           ("step_seconds", "step_time_s"), ("dataloader_wait_seconds", "data_wait_s"),
+                           ("step_compute_seconds", "compute_s"), ("step_optimizer_seconds", "optimizer_s")):
             self._set(key, record.get(field))
+        if record.get("node_tokens_per_s") and "node_tokens_per_second" in self._gauges:
+            gauge, labels = self._gauges["node_tokens_per_second"]
+            for node, value in record["node_tokens_per_s"].items():
+                gauge.labels(**labels, node=node).set(value)
 
     def log_event(self, record: dict) -> None:
         """Something a person must be able to find later (a skipped non-finite step): events.jsonl."""
