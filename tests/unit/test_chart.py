@@ -402,7 +402,7 @@ def test_dashboards_are_configmaps_for_the_grafana_sidecar():
 
 
 def test_dashboard_files():
-    assert [p.name for p in DASHBOARDS] == ["operator-health.json", "training-overview.json"]
+    assert [p.name for p in DASHBOARDS] == ["gpu-and-network.json", "operator-health.json", "training-overview.json"]
     uids = set()
     for path in DASHBOARDS:
         board = json.loads(path.read_text())
@@ -412,11 +412,19 @@ def test_dashboard_files():
         for panel in board["panels"]:
             assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
             assert panel["targets"], panel["title"]
-    assert uids == {"rosetta-training-overview", "rosetta-operator-health"}
+    assert uids == {"rosetta-training-overview", "rosetta-operator-health", "rosetta-gpu-network"}
     titles = {p["title"] for p in json.loads((CHART / "dashboards" / "training-overview.json").read_text())["panels"]}
     for wanted in ("Training loss", "Learning rate", "Validation BLEU per language", "Throughput (tokens/s)", "MFU",
                    "Step time", "Restarts"):
         assert wanted in titles
+    gpu = json.loads((CHART / "dashboards" / "gpu-and-network.json").read_text())
+    assert {v["name"] for v in gpu["templating"]["list"]} == {"datasource", "namespace", "training", "node"}
+    assert {p["title"] for p in gpu["panels"]} >= {
+        "Step time breakdown", "Tokens/s per node", "Is the network the bottleneck?", "GPU utilisation",
+        "Tensor-core activity", "GPU memory", "NVLink bytes/s", "PCIe bytes/s", "Network bytes/s per node"}
+    for path in (CHART / "dashboards" / "gpu-and-network.json", CHART / "dashboards" / "training-overview.json"):
+        for panel in json.loads(path.read_text())["panels"]:
+            assert panel["description"], (path.name, panel["title"])
 
 
 def promql_of_dashboards() -> list[str]:
