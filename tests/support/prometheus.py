@@ -43,14 +43,14 @@ class Prometheus:
 
 
 @contextlib.contextmanager
-def prometheus(jobs: dict[str, list[str]], folder: Path) -> Iterator[Prometheus]:
-    """Prometheus scraping `jobs` ({job name: ["host:port", ...]}) every 2 s."""
+def prometheus(jobs: dict[str, list[str]], folder: Path, interval: str = "2s") -> Iterator[Prometheus]:
+    """Prometheus scraping `jobs` ({job name: ["host:port", ...]}) every `interval`."""
     binary = shutil.which("prometheus")
     if binary is None:
         pytest.fail("no prometheus binary: tests/envtest/node-packages.sh installs Debian's package", pytrace=False)
     folder.mkdir(parents=True, exist_ok=True)
     config = folder / "prometheus.yml"
-    config.write_text(yaml.safe_dump(scrape_config(jobs)))
+    config.write_text(yaml.safe_dump(scrape_config(jobs, interval)))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     argv = [binary, f"--config.file={config}", f"--storage.tsdb.path={folder / 'data'}",
