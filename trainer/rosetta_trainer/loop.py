@@ -50,6 +50,15 @@ class Position:
     last_val_loss: float | None = None
 
 
+def tokens_by_node(per_rank: list[float], ranks_per_node: int) -> dict[str, float]:
+    """Sum each node's ranks (node = rank // ranks per node, as torchrun numbers them)."""
+    out: dict[str, float] = {}
+    for rank, tokens in enumerate(per_rank):
+        node = str(rank // ranks_per_node)
+        out[node] = out.get(node, 0.0) + tokens
+    return out
+
+
 class NonFiniteError(RuntimeError):
     """The loss or gradients stopped being finite and spec.training.nanPolicy is 'stop'."""
 
@@ -264,11 +273,7 @@ class Trainer:
         loss = float(reduced[0]) / world.size / steps
         tokens, tgt_tokens, samples, flops = (float(x) for x in reduced[2:6])
         data_wait, compute, optimizer = (float(x) / world.size / steps for x in reduced[6:9])
-        per_node: dict[str, float] = {}
-        ranks_per_node = world.local_size or world.size
-        for rank, rank_tokens in enumerate(reduced[9:].tolist()):
-            node = str(rank // ranks_per_node)
-            per_node[node] = per_node.get(node, 0.0) + rank_tokens
+        per_node = tokens_by_node(reduced[9:].tolist(), world.local_size or world.size)
         totals["tokens"] += tokens
         totals["seconds"] += seconds
         flops_per_s = flops / seconds if seconds > 0 else None
