@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import subprocess
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -16,6 +17,8 @@ import yaml
 
 from control_plane import free_port
 from support.servers import server
+
+NODE_PACKAGES = Path(__file__).resolve().parents[1] / "envtest" / "node-packages.sh"
 
 
 def scrape_config(jobs: dict[str, list[str]], interval: str = "2s") -> dict:
@@ -45,9 +48,12 @@ class Prometheus:
 @contextlib.contextmanager
 def prometheus(jobs: dict[str, list[str]], folder: Path, interval: str = "2s") -> Iterator[Prometheus]:
     """Prometheus scraping `jobs` ({job name: ["host:port", ...]}) every `interval`."""
+    if shutil.which("prometheus") is None:  # node-packages.sh installs what is missing (as root)
+        subprocess.run(["bash", str(NODE_PACKAGES)], capture_output=True, text=True, timeout=900)
     binary = shutil.which("prometheus")
     if binary is None:
-        pytest.fail("no prometheus binary: tests/envtest/node-packages.sh installs Debian's package", pytrace=False)
+        pytest.fail("no prometheus binary: run tests/envtest/node-packages.sh as root (Debian's package)",
+                    pytrace=False)
     folder.mkdir(parents=True, exist_ok=True)
     config = folder / "prometheus.yml"
     config.write_text(yaml.safe_dump(scrape_config(jobs, interval)))
