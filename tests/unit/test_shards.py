@@ -1,6 +1,7 @@
 """Prepared training data: the ids of the in-memory path, one directory per corpus and tokenizer,
 never a half-written one, and one copy mapped by every rank."""
 
+import logging
 import os
 import pickle
 import socket
@@ -125,36 +126,66 @@ def test_a_pickled_corpus_reopens_its_files(pairs, tokenizer, tmp_path):
     assert again.sources[5].tolist() == corpus.sources[5].tolist()
 
 
-def _rank(rank: int, port: int, root: str, tokenizer_dir: str, pairs, results) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2")
+def _rank(rank: int, port: int, roots: list[str], local_size: int, tokenizer_dir: str, pairs, results) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank))
     torch.distributed.init_process_group("gloo")
     try:
-        world = World(rank=rank, local_rank=rank, size=2, device=torch.device("cpu"), local_size=2)
-        corpus = shards.prepare_corpus(root, load_tokenizer(tokenizer_dir), *pairs, 48, 48, world)
+        local_rank = rank % local_size
+        world = World(rank=rank, local_rank=local_rank, size=2, device=torch.device("cpu"), local_size=local_size)
+        messages = []
+        handler = logging.Handler()
+        handler.emit = lambda record: messages.append(record.getMessage())
+        shards.log.addHandler(handler)
+        shards.log.setLevel(logging.INFO)
+        corpus = shards.prepare_corpus(roots[rank], load_tokenizer(tokenizer_dir), *pairs, 48, 48, world)
         maps = [line.split()[-1] for line in open("/proc/self/maps") if str(corpus.path) in line]
-        results.put((rank, str(corpus.path), corpus.sources[7].tolist(), sorted(set(maps))))
+        wrote = any("tokenized and wrote" in m for m in messages)
+        results.put((rank, str(corpus.path), corpus.sources[7].tolist(), sorted(set(maps)), wrote))
     finally:
         torch.distributed.destroy_process_group()
 
 
-def test_two_ranks_map_the_files_one_of_them_wrote(pairs, tokenizer, tmp_path):
+def _two_ranks(tmp_path, tokenizer, pairs, roots, local_size):
     tokenizer.save_pretrained(tmp_path / "tok")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, port, str(tmp_path / "prepared"), str(tmp_path / "tok"), pairs,
-                                             results)) for r in range(2)]
+    procs = [ctx.Process(target=_rank, args=(r, port, [str(root) for root in roots], local_size, str(tmp_path / "tok"),
+                                             pairs, results)) for r in range(2)]
     for p in procs:
         p.start()
     got = sorted(results.get(timeout=120) for _ in procs)
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
-    (_, path0, ids0, maps0), (_, path1, ids1, maps1) = got
+    return got
+
+
+def test_two_ranks_map_the_files_one_of_them_wrote(pairs, tokenizer, tmp_path):
+    root = tmp_path / "prepared"
+    (_, path0, ids0, maps0, wrote0), (_, path1, ids1, maps1, wrote1) = _two_ranks(tmp_path, tokenizer, pairs,
+                                                                                  [root, root], 2)
     assert path0 == path1 and ids0 == ids1
-    assert [p.name for p in (tmp_path / "prepared").iterdir()] == [os.path.basename(path0)]  # written once
+    assert (wrote0, wrote1) == (True, False)
+    assert [p.name for p in root.iterdir()] == [os.path.basename(path0)]  # written once
     # Both processes map the same files (one page-cache copy), rather than reading them in.
     assert maps0 == maps1 and any(m.endswith("source_ids.npy") for m in maps0)
+
+
+def test_on_two_nodes_without_shared_storage_each_node_writes_its_own(pairs, tokenizer, tmp_path):
+    # One rank per node; each node's output is its own directory (a pod's local disk).
+    roots = [tmp_path / "node0" / "prepared", tmp_path / "node1" / "prepared"]
+    (_, path0, ids0, _, wrote0), (_, path1, ids1, _, wrote1) = _two_ranks(tmp_path, tokenizer, pairs, roots, 1)
+    assert ids0 == ids1 and (wrote0, wrote1) == (True, True)
+    assert path0 == str(roots[0] / os.path.basename(path0)) and path1 == str(roots[1] / os.path.basename(path0))
+    assert all(shards.is_complete(root / os.path.basename(path0)) for root in roots)
+    assert not [p for root in roots for p in root.iterdir() if p.name.startswith(".")]  # no probe left
+
+
+def test_on_two_nodes_with_shared_storage_rank_0_writes(pairs, tokenizer, tmp_path):
+    root = tmp_path / "shared" / "prepared"
+    (_, path0, _, _, wrote0), (_, path1, _, _, wrote1) = _two_ranks(tmp_path, tokenizer, pairs, [root, root], 1)
+    assert path0 == path1 and (wrote0, wrote1) == (True, False)
+    assert [p.name for p in root.iterdir()] == [os.path.basename(path0)]
