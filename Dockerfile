@@ -80,9 +80,10 @@ RUN python3 -m venv --upgrade-deps /opt/venv \
     && DS_BUILD_OPS=0 pip install -c /etc/rosetta/constraints.txt "${TORCH}" transformers tokenizers accelerate deepspeed
 COPY --from=wheel /dist /tmp/dist
 # "${TORCH}" again: pip keeps that torch while it resolves rosetta's dependencies. [tracking]: the W&B
-# and MLflow clients for spec.tracking (some tens of MB beside the CUDA wheels).
-RUN DS_BUILD_OPS=0 pip install -c /etc/rosetta/constraints.txt "${TORCH}" "$(ls /tmp/dist/*.whl)[tracking]" \
-    && python -c "import torch, deepspeed, rosetta_trainer, wandb, mlflow; print('torch', torch.__version__, 'cuda', torch.version.cuda)" \
+# and MLflow clients for spec.tracking; [export]: CTranslate2 for `rosetta export` next to the
+# checkpoints (together some tens of MB beside the CUDA wheels). The image ships every pin CI tests.
+RUN DS_BUILD_OPS=0 pip install -c /etc/rosetta/constraints.txt "${TORCH}" "$(ls /tmp/dist/*.whl)[tracking,export]" \
+    && python -c "import torch, deepspeed, rosetta_trainer, wandb, mlflow, ctranslate2; print('torch', torch.__version__, 'cuda', torch.version.cuda)" \
     && rm -rf /tmp/dist
 # DeepSpeed compiles its ops the first time a run uses one (CPU Adam for ZeRO-Offload, among others),
 # and torch.compile builds its kernels' launchers: both need a C++ compiler and Python's headers in
