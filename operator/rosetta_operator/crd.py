@@ -314,6 +314,18 @@ def status_schema() -> dict:
         "bleu": _t("number", "Latest validation BLEU."),
         "bestBleu": _t("number", "Best validation BLEU so far."),
         "validationLoss": _t("number", "Latest validation loss, beside loss to show overfitting."),
+        "genderGapBleu": _t("number", "MT-GenEval masculine minus feminine BLEU, mean over target languages "
+                                      "(positive: the model favours the masculine)."),
+        "gender": {"type": "object", "description": "MT-GenEval per target language.",
+                   "additionalProperties": _obj("One target language's MT-GenEval figures.", {
+                       "gapBleu": _t("number", "Masculine minus feminine BLEU."),
+                       "gapAccuracy": _t("number", "Masculine minus feminine accuracy, percentage points."),
+                       "accuracy": _t("number", "Percent of translations with no word of the wrong gender."),
+                       "bleuMasculine": _t("number", "BLEU of the masculine half."),
+                       "bleuFeminine": _t("number", "BLEU of the feminine half."),
+                       "accuracyMasculine": _t("number", "Accuracy of the masculine half, percent."),
+                       "accuracyFeminine": _t("number", "Accuracy of the feminine half, percent."),
+                   })},
         "lastCheckpoint": _t("string", "Path of the newest checkpoint."),
         "lastCheckpointStep": _t("integer", "Step of the newest checkpoint."),
         "updatedAt": _time("When the trainer reported this"),
@@ -377,6 +389,7 @@ PRINTER_COLUMNS = [
     {"name": "BLEU", "type": "number", "jsonPath": ".status.progress.bleu"},
     # -o wide only: most trainings never restart; the validation loss is for a closer look.
     {"name": "Val loss", "type": "number", "jsonPath": ".status.progress.validationLoss", "priority": 1},
+    {"name": "Gender gap", "type": "number", "jsonPath": ".status.progress.genderGapBleu", "priority": 1},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "priority": 1},
     {"name": "Preemptions", "type": "integer", "jsonPath": ".status.preemptions", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

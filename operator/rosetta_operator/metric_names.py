@@ -39,6 +39,11 @@ TRAINER_METRICS: tuple[str, ...] = (
     "rosetta_eval_bleu",
     "rosetta_eval_chrf",
     "rosetta_eval_gender_gap_bleu",
+    "rosetta_eval_gender_gap_accuracy",
+    "rosetta_eval_gender_accuracy",
+    # + lang, gender (masculine, feminine)
+    "rosetta_eval_gender_bleu",
+    "rosetta_eval_gender_accuracy_by_gender",
     # + node
     "rosetta_node_tokens_per_second",
     # + rank

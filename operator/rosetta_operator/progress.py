@@ -91,6 +91,12 @@ def progress_from(metrics: Mapping[str, Any], *, now: str) -> Optional[dict]:
                          ("validationLoss", _round(_num(metrics, "rosetta_validation_loss"), 4))):
         if value is not None:
             progress[field] = value
+    gender = gender_progress(metrics)
+    if gender:
+        progress["gender"] = gender
+        gaps = [g["gapBleu"] for g in gender.values() if "gapBleu" in g]
+        if gaps:
+            progress["genderGapBleu"] = round(sum(gaps) / len(gaps), 2)
     checkpoint_step = _num(metrics, "rosetta_last_checkpoint_step")
     if checkpoint_step:
         progress["lastCheckpointStep"] = int(checkpoint_step)
@@ -98,6 +104,28 @@ def progress_from(metrics: Mapping[str, Any], *, now: str) -> Optional[dict]:
         progress["lastCheckpoint"] = str(metrics["rosetta_last_checkpoint_info"])
     progress["updatedAt"] = now
     return progress
+
+
+def gender_progress(metrics: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """Per target language, MT-GenEval's figures: {lang: {gapBleu, gapAccuracy, accuracy, bleuMasculine,
+    bleuFeminine, accuracyMasculine, accuracyFeminine}}, whichever the trainer reported."""
+    out: dict[str, dict[str, float]] = {}
+
+    def put(lang: Any, field: str, value: Any) -> None:
+        if isinstance(lang, str) and isinstance(value, (int, float)) and math.isfinite(value):
+            out.setdefault(lang, {})[field] = round(float(value), 2)
+
+    for name, field in (("rosetta_eval_gender_gap_bleu", "gapBleu"), ("rosetta_eval_gender_gap_accuracy", "gapAccuracy"),
+                        ("rosetta_eval_gender_accuracy", "accuracy")):
+        for lang, value in (metrics.get(name) or {}).items() if isinstance(metrics.get(name), Mapping) else ():
+            put(lang, field, value)
+    for name, field in (("rosetta_eval_gender_bleu", "bleu"), ("rosetta_eval_gender_accuracy_by_gender", "accuracy")):
+        for key, value in (metrics.get(name) or {}).items() if isinstance(metrics.get(name), Mapping) else ():
+            labels = dict(key) if isinstance(key, tuple) else {}
+            gender = labels.get("gender", "")
+            if gender in ("masculine", "feminine"):
+                put(labels.get("lang"), field + gender.capitalize(), value)
+    return out
 
 
 def changed(current: Optional[Mapping], new: Mapping) -> bool:

@@ -55,11 +55,11 @@ def test_identity():
 
 def test_printer_columns():
     columns = {c["name"]: (c["type"], c["jsonPath"]) for c in VERSION["additionalPrinterColumns"]}
-    assert list(columns) == ["Phase", "Nodes", "GPUs/node", "Progress", "BLEU", "Val loss", "Restarts", "Preemptions",
-                             "Age"]
+    assert list(columns) == ["Phase", "Nodes", "GPUs/node", "Progress", "BLEU", "Val loss", "Gender gap", "Restarts",
+                             "Preemptions", "Age"]
     assert columns["Age"] == ("date", ".metadata.creationTimestamp")
     wide = [c["name"] for c in VERSION["additionalPrinterColumns"] if c.get("priority")]
-    assert wide == ["Val loss", "Restarts", "Preemptions"]  # -o wide only
+    assert wide == ["Val loss", "Gender gap", "Restarts", "Preemptions"]  # -o wide only
     for name, (kind, path) in columns.items():
         if name == "Age":
             continue

@@ -144,3 +144,41 @@ def test_step_time_split_and_tokens_per_node(tmp_path):
     assert got[("rosetta_step_optimizer_seconds", run)] == 0.02
     assert got[("rosetta_node_tokens_per_second", tuple(sorted((*run, ("node", "0")))))] == 600.0
     assert got[("rosetta_node_tokens_per_second", tuple(sorted((*run, ("node", "1")))))] == 400.0
+
+
+GENDER = {"bleu_masculine": 31.0, "bleu_feminine": 27.5, "accuracy_masculine": 90.0, "accuracy_feminine": 80.0,
+          "accuracy": 85.0, "gender_gap_bleu": 3.5, "gender_gap_accuracy": 10.0, "count_masculine": 4}
+
+
+def test_gender_figures_reach_the_endpoint_and_the_status_per_language(tmp_path):
+    # MT-GenEval's per-gender BLEU, accuracy and gaps for each target language: gauges on rank 0's
+    # endpoint, and through the operator's scrape, status.progress (kubectl get -o wide: Gender gap).
+    from rosetta_operator import progress as pr
+    from rosetta_operator.crd import status_schema
+
+    port = free_port()
+    t = Telemetry(tmp_path, name="run-a", namespace="team", port=port, tensorboard=False, enabled=True)
+    try:
+        t.set_static(total_steps=10)
+        t.log_step(STEP)
+        t.log_eval({**EVAL, "langs": {"de": {"bleu": 30.0, "gender": GENDER},
+                                      "es": {"bleu": 35.0, "gender": {**GENDER, "gender_gap_bleu": -1.5}}}})
+        got = scrape(port)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    finally:
+        t.close()
+    run = (("namespace", "team"), ("training", "run-a"))
+    de, fem = tuple(sorted((*run, ("lang", "de")))), tuple(sorted((*run, ("gender", "feminine"), ("lang", "de"))))
+    assert got[("rosetta_eval_gender_accuracy", de)] == 85
+    assert got[("rosetta_eval_gender_gap_accuracy", de)] == 10
+    assert got[("rosetta_eval_gender_bleu", fem)] == 27.5
+    assert got[("rosetta_eval_gender_accuracy_by_gender", fem)] == 80
+
+    progress = pr.progress_from(pr.parse_metrics(text), now="2026-01-01T00:00:00Z")
+    assert progress["gender"]["de"] == {"gapBleu": 3.5, "gapAccuracy": 10.0, "accuracy": 85.0,
+                                        "bleuMasculine": 31.0, "bleuFeminine": 27.5,
+                                        "accuracyMasculine": 90.0, "accuracyFeminine": 80.0}
+    assert progress["gender"]["es"]["gapBleu"] == -1.5
+    assert progress["genderGapBleu"] == 1.0  # the mean over languages, signed
+    schema = status_schema()["properties"]["progress"]["properties"]
+    assert set(progress["gender"]["de"]) <= set(schema["gender"]["additionalProperties"]["properties"])

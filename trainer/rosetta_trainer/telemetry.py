@@ -121,8 +121,15 @@ class Telemetry:
             self._gauges[key] = g.labels(**labels)
             self._gauges[key].set(math.nan)
         for key, doc in {"eval_bleu": "Validation BLEU", "eval_chrf": "Validation chrF",
-                         "eval_gender_gap_bleu": "Masculine minus feminine BLEU (MT-GenEval)"}.items():
+                         "eval_gender_gap_bleu": "Masculine minus feminine BLEU (MT-GenEval)",
+                         "eval_gender_gap_accuracy": "Masculine minus feminine MT-GenEval accuracy, percentage points",
+                         "eval_gender_accuracy": "MT-GenEval accuracy: percent of translations with no word of "
+                                                 "the wrong gender, both genders"}.items():
             self._gauges[key] = (Gauge(PREFIX + key, doc, [*labels, "lang"], registry=self.registry), labels)
+        for key, doc in {"eval_gender_bleu": "BLEU of the masculine and of the feminine half of MT-GenEval",
+                         "eval_gender_accuracy_by_gender": "MT-GenEval accuracy of each gender's half, percent"}.items():
+            self._gauges[key] = (Gauge(PREFIX + key, doc, [*labels, "lang", "gender"], registry=self.registry),
+                                 labels)
         # Every rank's figure, gathered by rank 0 (the only process that serves metrics).
         self._gauges["node_tokens_per_second"] = (Gauge(
             PREFIX + "node_tokens_per_second", "Training tokens per second of the ranks on each node "
@@ -224,10 +231,20 @@ class Telemetry:
                     if key in self._gauges and s.get(metric) is not None:
                         gauge, labels = self._gauges[key]
                         gauge.labels(**labels, lang=lang).set(s[metric])
-                gap = s.get("gender", {}).get("gender_gap_bleu")
-                if "eval_gender_gap_bleu" in self._gauges and gap is not None:
-                    gauge, labels = self._gauges["eval_gender_gap_bleu"]
-                    gauge.labels(**labels, lang=lang).set(gap)
+                self._log_gender(lang, s.get("gender") or {})
+
+    def _log_gender(self, lang: str, gender: dict) -> None:
+        """MT-GenEval's figures for one target language (scoring.gender_scores), where people look."""
+        for key, field in (("eval_gender_gap_bleu", "gender_gap_bleu"), ("eval_gender_gap_accuracy", "gender_gap_accuracy"),
+                           ("eval_gender_accuracy", "accuracy")):
+            if key in self._gauges and gender.get(field) is not None:
+                gauge, labels = self._gauges[key]
+                gauge.labels(**labels, lang=lang).set(gender[field])
+        for key, prefix in (("eval_gender_bleu", "bleu_"), ("eval_gender_accuracy_by_gender", "accuracy_")):
+            for g in ("masculine", "feminine"):
+                if key in self._gauges and gender.get(prefix + g) is not None:
+                    gauge, labels = self._gauges[key]
+                    gauge.labels(**labels, lang=lang, gender=g).set(gender[prefix + g])
 
     def set_static(self, **values) -> None:
         for key, value in values.items():
