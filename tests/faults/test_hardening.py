@@ -106,14 +106,14 @@ SPECS = {
 }
 
 
-@pytest.mark.parametrize("cluster", SPECS.values(), ids=SPECS.keys())
-def test_trainer_pods_are_hardened(cluster):
-    rendered = build(**cluster)
+@pytest.mark.parametrize("fields", SPECS.values(), ids=SPECS.keys())
+def test_trainer_pods_are_hardened(fields):
+    rendered = build(**fields)
     pod = pod_of(rendered.jobset)
     assert_hardened(pod)
-    if "serviceAccountName" in cluster:
+    if "serviceAccountName" in fields:
         # IRSA's webhook mounts its own projected token (aws-iam-token): the API token stays out.
-        assert pod["serviceAccountName"] == cluster["serviceAccountName"]
+        assert pod["serviceAccountName"] == fields["serviceAccountName"]
     assert_valid_jobset(rendered.jobset)
 
 
@@ -121,8 +121,8 @@ def test_no_network_profile_needs_a_capability():
     # EFA's memory registration wants memlock, not CAP_IPC_LOCK: a non-root process never gets an
     # added capability (no ambient capabilities in Kubernetes), so none is added for any profile.
     for name in PROFILES:
-        cluster = {"gpusPerNode": 8, "network": {"profile": name}} if PROFILES[name].needs_gpus else {}
-        (container,) = pod_of(build(**cluster).jobset)["containers"]
+        fields = {"gpusPerNode": 8, "network": {"profile": name}} if PROFILES[name].needs_gpus else {}
+        (container,) = pod_of(build(**fields).jobset)["containers"]
         assert "add" not in container["securityContext"]["capabilities"], name
 
 
