@@ -174,6 +174,10 @@ def cel_rules() -> list[CelRule]:
         *[CelRule(path, _format_rule(), "this format needs more fields (pairs: source and target; "
                                         "tsv, csv, jsonl, mtgeneval: path)") for path in splits],
         CelRule("training", "has(self.maxSteps) || has(self.epochs)", "set 'maxSteps' or 'epochs'"),
+        CelRule("", "has(self.training) || (has(self.mode) && self.mode == 'evaluate')",
+                "training is required (mode train trains; mode evaluate needs none)"),
+        CelRule("", "!has(self.mode) || self.mode != 'evaluate' || has(self.model.name)",
+                "mode evaluate evaluates a pretrained model: set model.name (hub id or path)"),
         CelRule("", "(has(self.task) && self.task == 'summarization') || "
                     "(has(self.data.targetLangs) && self.data.targetLangs.size() > 0)",
                 "a translation needs data.targetLangs"),
@@ -194,7 +198,8 @@ def cel_rules() -> list[CelRule]:
         CelRule("checkpoint", f"!has(self.average) || !has(self.keep) || {_AVERAGE_COUNT.format('self')} <= self.keep",
                 "average.last or average.best is more than keep: only the newest keep checkpoints "
                 "(and the best one) stay on disk"),
-        CelRule("", "!has(self.checkpoint) || !has(self.checkpoint.average) || !has(self.training.maxSteps) || "
+        CelRule("", "!has(self.checkpoint) || !has(self.checkpoint.average) || !has(self.training) || "
+                    "!has(self.training.maxSteps) || "
                     "!has(self.checkpoint.interval) || "
                     f"{_AVERAGE_COUNT.format('self.checkpoint')} <= "
                     "(self.training.maxSteps + self.checkpoint.interval - 1) / self.checkpoint.interval",
@@ -215,7 +220,7 @@ def cel_rules() -> list[CelRule]:
                     f"self.scheduling.exclusiveTopology != '{HOSTNAME_LABEL}' || !has(self.nodes) || self.nodes == 1",
                 f"exclusiveTopology {HOSTNAME_LABEL} would need every pod of the gang on one node; "
                 "use a node-pool, rack or block label"),
-        CelRule("", "!has(self.training.device) || "
+        CelRule("", "!has(self.training) || !has(self.training.device) || "
                     "((self.training.device != 'cuda' || (has(self.gpusPerNode) && self.gpusPerNode > 0)) && "
                     "(self.training.device != 'cpu' || !has(self.gpusPerNode) || self.gpusPerNode == 0))",
                 "training.device must match gpusPerNode (cuda needs GPUs, cpu none)"),

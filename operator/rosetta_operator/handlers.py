@@ -375,6 +375,9 @@ def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str, uid: 
         record_outcome("invalid")
         report_invalid(api, body, exc.errors, logger)
         return
+    if training.spec.mode == "evaluate":
+        reconcile_evaluation(api, body, training.spec, rendered.configmap, name, namespace, uid, logger)
+        return
 
     jobset_name = rendered.names.jobset
     applied_spec = _without_mutable(spec)
@@ -446,6 +449,51 @@ def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str, uid: 
         desired = observe(api, namespace, jobset_name, parent, current, known())
         desired.update(fixed)
         desired["conditions"] = st.upsert_conditions(desired.get("conditions") or [], conditions,
+                                                     now=now(), generation=generation)
+        return desired
+
+    write_status(api, namespace, name, uid, compute, parent=body)
+
+
+def reconcile_evaluation(api: kubernetes.client.ApiClient, body: kopf.Body, spec: TranslationTrainingSpec,
+                         configmap: dict, name: str, namespace: str, uid: str, logger: logging.Logger) -> None:
+    """mode evaluate: the ConfigMap and one evaluation Job, no JobSet. The Job's name is fixed, so
+    a second reconcile finds it (409); evaluation_changed moves status.evaluation and the phase."""
+    job = render_evaluation_job(name, namespace, spec, owner=body)
+    job_name = job["metadata"]["name"]
+    child = f"ConfigMap {configmap['metadata']['name']}"
+    try:
+        ensure_configmap(api, body, configmap)
+        child = f"Job {job_name}"
+        kubernetes.client.BatchV1Api(api).create_namespaced_job(namespace, job)
+        logger.info("created evaluation Job %s and %s", job_name, configmap["metadata"]["name"])
+    except ApiException as exc:
+        if exc.status == 409 and child.startswith("Job"):
+            existing = api.sanitize_for_serialization(
+                kubernetes.client.BatchV1Api(api).read_namespaced_job(job_name, namespace))
+            _check_owned(api, body, existing)
+        else:
+            refusal = create_refusal(exc)
+            if refusal is None:
+                raise  # transient: kopf retries
+            report_refused(api, body, f"the API refused {child}: {refusal.message}", refusal.reason, logger)
+            record_outcome("rejected")
+            return
+    record_outcome("applied")
+    generation = body.metadata.get("generation")
+    conditions = (st.Cond(st.ConditionType.VALID, st.TRUE, st.Reason.SPEC_VALID),
+                  st.Cond(st.ConditionType.CREATED, st.TRUE, st.Reason.EVALUATION_JOB_CREATED,
+                          f"Job {job_name}, {configmap['metadata']['name']}"))
+    pending, pending_cond = st.pending_evaluation(job_name, "pretrained")
+
+    def compute(parent: Mapping, current: Mapping) -> dict:
+        desired = dict(current)
+        evaluation = current.get("evaluation") or pending
+        desired.update(observedGeneration=generation, configMapName=configmap["metadata"]["name"],
+                       nodes=1, gpusPerNode=spec.gpus_per_node, worldSize=1, evaluation=evaluation,
+                       phase=st.evaluation_run_phase(evaluation))
+        new = list(conditions) if current.get("evaluation") else [*conditions, pending_cond]
+        desired["conditions"] = st.upsert_conditions(current.get("conditions") or [], new,
                                                      now=now(), generation=generation)
         return desired
 
@@ -660,8 +708,11 @@ def evaluation_changed(event: Mapping, body: kopf.Body, namespace: str, memo: ko
         if previous.get("phase") in st.EvaluationPhase.TERMINAL:
             return dict(current)  # finished: a later event (the Job's pods being cleaned up) changes nothing
         evaluation, cond = st.observe_evaluation(job, pods, previous)
-        return {**current, "evaluation": evaluation, "conditions": st.upsert_conditions(
+        desired = {**current, "evaluation": evaluation, "conditions": st.upsert_conditions(
             current.get("conditions") or [], [cond], now=now(), generation=parent["metadata"].get("generation"))}
+        if (parent.get("spec") or {}).get("mode") == "evaluate":  # the Job is the whole run
+            desired["phase"] = st.evaluation_run_phase(evaluation)
+        return desired
 
     write_status(api, namespace, owner["name"], owner["uid"], compute)
 

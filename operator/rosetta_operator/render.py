@@ -390,6 +390,8 @@ def training_yaml(name: str, namespace: str, spec: TranslationTrainingSpec) -> s
     """The whole resolved document, defaults included, so what runs does not depend
     on a later release's defaults; the trainer ignores the cluster keys."""
     resolved = _drop_unset_nones(spec, spec.model_dump(mode="json", by_alias=True))
+    if spec.mode == "evaluate" and "training" not in spec.model_fields_set:
+        del resolved["training"]  # placeholders, not a training the trainer would accept
     doc = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name, "namespace": namespace},
            "spec": resolved}
     return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
@@ -475,7 +477,12 @@ def cpu_threads(cpu: str) -> int:
 
 
 def evaluation_command(spec: TranslationTrainingSpec, output: str, config: str) -> list[str]:
-    """`rosetta evaluate` of the checkpoint afterTraining picks, on the test sets, on the CPU."""
+    """`rosetta evaluate` of the checkpoint afterTraining picks, on the test sets, on the CPU; in
+    mode evaluate, of the pretrained model.name, on the pod's GPU when gpusPerNode asks for one."""
+    if spec.mode == "evaluate":
+        return ["python", "-m", "rosetta_trainer", "evaluate", "-f", config,
+                "--device", "cuda" if spec.gpus_per_node else "cpu",
+                "--split", "test", "--output", f"{output}/{EVALUATION_RESULTS}"]
     after = spec.evaluation.after_training
     return ["python", "-m", "rosetta_trainer", "evaluate", "-f", config,
             "--checkpoint", checkpoint_root(spec, output), "--pick", after.checkpoint, "--device", "cpu",
@@ -486,19 +493,43 @@ def render_evaluation_job(name: str, namespace: str, spec: TranslationTrainingSp
                           owner: dict | None = None) -> dict | None:
     """The batch/v1 Job that evaluates a checkpoint once the training succeeded; None without
     spec.evaluation.afterTraining. The training pod's volumes, image and security context, no GPU,
-    none of the gang's scheduling (its node selector and tolerations are for GPU nodes)."""
+    none of the gang's scheduling (its node selector and tolerations are for GPU nodes).
+    In mode evaluate it is the whole run: the pretrained model on gpusPerNode GPUs (or the CPU),
+    with the pod's resources and scheduling."""
+    if spec.mode == "evaluate":
+        return _render_evaluation_job(name, namespace, spec, owner, *_evaluate_mode_pod(spec))
     after = spec.evaluation.after_training
     if after is None:
         return None
+    resources_ = {"requests": {"cpu": after.cpu, "memory": after.memory},
+                  "limits": {"cpu": after.cpu, "memory": after.memory}}
+    return _render_evaluation_job(name, namespace, spec, owner, resources_, cpu_threads(after.cpu),
+                                  {EVALUATION_CHECKPOINT: after.checkpoint}, ({}, []))
+
+
+def _evaluate_mode_pod(spec: TranslationTrainingSpec) -> tuple[dict, int | None, dict, tuple[dict, list]]:
+    """(resources, CPU threads, annotations, (node selector, tolerations)) of mode evaluate's pod."""
+    threads = cpu_threads(spec.resources.cpu) if spec.resources.cpu else None
+    # No EFA: one pod, no collectives across nodes.
+    # Quantities as strings: BatchV1Api validates a Job's resources as such (a JobSet is a custom object).
+    pod = {kind: {k: str(v) for k, v in values.items() if k != EFA_RESOURCE} for kind, values in resources(spec).items()}
+    return {kind: values for kind, values in pod.items() if values}, threads, {EVALUATION_CHECKPOINT: "pretrained"}, scheduling(spec)
+
+
+def _render_evaluation_job(name: str, namespace: str, spec: TranslationTrainingSpec, owner: dict | None,
+                           pod_resources: dict, threads: int | None, annotations: dict,
+                           placement: tuple[dict, list]) -> dict:
     names = resource_names(name, spec.nodes)
     pod_volumes, mounts = volumes(spec, names)
     keep = {v["name"] for v in pod_volumes if v["name"] != "dshm"}  # no NCCL or dataloader workers here
     output = f"{output_mount(spec)}/{names.training}"
     config = f"{CONFIG_DIR}/{CONFIG_KEY}"
     env = [{"name": "ROSETTA_TRAINING", "value": names.training}, {"name": "ROSETTA_CONFIG", "value": config},
-           {"name": "ROSETTA_OUTPUT", "value": output}, {"name": "CUDA_VISIBLE_DEVICES", "value": ""},
-           # torch would start a thread per core of the node, whatever the pod's CPU limit
-           {"name": "OMP_NUM_THREADS", "value": str(cpu_threads(after.cpu))}]
+           {"name": "ROSETTA_OUTPUT", "value": output}]
+    if not spec.gpus_per_node or spec.mode != "evaluate":
+        env.append({"name": "CUDA_VISIBLE_DEVICES", "value": ""})
+    if threads:  # torch would start a thread per core of the node, whatever the pod's CPU limit
+        env.append({"name": "OMP_NUM_THREADS", "value": str(threads)})
     for purpose, var in (("data", "ROSETTA_DATA_DIR"), ("model", "ROSETTA_MODEL_DIR")):
         vol = spec.volume_for(purpose)
         if vol:
@@ -507,15 +538,14 @@ def render_evaluation_job(name: str, namespace: str, spec: TranslationTrainingSp
     labels = {**BASE_LABELS, EVALUATION_LABEL: label_value(name)}
     return _render_template(
         "evaluation-job.yaml.j2", spec=spec, job_name=evaluation_job_name(name), namespace=namespace,
-        labels=labels, annotations={EVALUATION_CHECKPOINT: after.checkpoint}, owner_references=owner_references(owner),
+        labels=labels, annotations=annotations, owner_references=owner_references(owner),
         pod_failure_policy={"rules": [{"action": "Ignore",
                                        "onPodConditions": [{"type": DISRUPTION_TARGET, "status": "True"}]}]},
         automount_token=spec.pod_security.automount_service_account_token,
         image_pull_secrets=[{"name": s} for s in spec.image_pull_secrets],
         security_context=pod_security_context(spec), container_security_context=container_security_context(),
-        command=evaluation_command(spec, output, config), env=env,
-        resources={"requests": {"cpu": after.cpu, "memory": after.memory},
-                   "limits": {"cpu": after.cpu, "memory": after.memory}},
+        command=evaluation_command(spec, output, config), env=env, resources=pod_resources,
+        node_selector=placement[0], tolerations=placement[1],
         volume_mounts=[m for m in mounts if m["name"] in keep], volumes=[v for v in pod_volumes if v["name"] in keep],
     )
 

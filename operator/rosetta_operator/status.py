@@ -50,6 +50,7 @@ class Reason:
     INVALID_SPEC = "InvalidSpec"
     FORBIDDEN_BY_POLICY = "ForbiddenByPolicy"  # valid, but the admin's policy (policy.py) does not allow it
     JOBSET_CREATED = "JobSetCreated"
+    EVALUATION_JOB_CREATED = "EvaluationJobCreated"  # mode evaluate: a Job, no JobSet
     NAME_CONFLICT = "NameConflict"
     CREATE_REJECTED = "CreateRejected"    # the API refused the ConfigMap or JobSet for good (422, 400, 413, …)
     QUOTA_EXCEEDED = "QuotaExceeded"      # a ResourceQuota refused it for now; retried
@@ -587,6 +588,12 @@ def pending_evaluation(job_name: str, checkpoint: str) -> tuple[dict, Cond]:
     """status.evaluation and the condition right after the Job was created."""
     return ({"phase": EvaluationPhase.PENDING, "jobName": job_name, "checkpoint": checkpoint},
             Cond(ConditionType.EVALUATED, FALSE, Reason.EVALUATION_PENDING, f"Job {job_name} created"))
+
+
+def evaluation_run_phase(evaluation: Mapping) -> str:
+    """The training's phase in mode evaluate, where the evaluation Job is the whole run."""
+    return {EvaluationPhase.RUNNING: Phase.RUNNING, EvaluationPhase.SUCCEEDED: Phase.SUCCEEDED,
+            EvaluationPhase.FAILED: Phase.FAILED}.get(evaluation.get("phase"), Phase.PENDING)
 
 
 def observe_evaluation(job: Mapping, pods: Iterable[Mapping], previous: Optional[Mapping]) -> tuple[dict, Cond]:

@@ -56,6 +56,17 @@ def test_example_runs_on_nodes_of_its_profile(live_cluster, live_namespace, live
     applied = kubectl(live_cluster, "apply", "-f", "-", stdin=yaml.safe_dump(doc))
     assert applied.returncode == 0, applied.stderr
 
+    if doc["spec"].get("mode") == "evaluate":  # one evaluation Job, no JobSet (test_evaluation_only_job.py)
+        pods = wait_for(lambda: (p := [x for x in live_cluster.core.list_namespaced_pod(
+            live_namespace, label_selector=f"job-name={name}-eval").items if x.status.phase == "Running"]) and p,
+            f"the evaluation pod of {name}", timeout=90)
+        allowed = expected_nodes(live_cluster, pods[0].spec)
+        assert allowed and pods[0].spec.node_name in allowed
+        wait_for(lambda: status(live_cluster, live_namespace, name).get("phase") == "Running", f"{name} Running",
+                 timeout=60)
+        assert jobset(live_cluster, live_namespace, name) is None
+        return
+
     js = wait_for(lambda: jobset(live_cluster, live_namespace, name), f"the JobSet of {name}", timeout=30)
     # Only the JobSet webhook sets these (the CRD schema has no default for them): it ran.
     assert js["spec"]["startupPolicy"]["startupPolicyOrder"] == "AnyOrder"

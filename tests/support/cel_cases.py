@@ -30,10 +30,23 @@ def _pretrained(**patch) -> dict:
     return _raw(model={"name": "t5-small"}, tokenizer={}, data={"sourceLang": "en", "targetLangs": ["de"]}, **patch)
 
 
+def _without_training(**patch) -> dict:
+    raw = _raw(**patch)
+    raw.pop("training")
+    return raw
+
+
+_TEST = {"sourceLang": "en", "targetLangs": ["de"], "test": [{"format": "generated", "size": 10}]}
+
+
 # (case, raw spec, valid?) — each invalid case breaks exactly one cross-field rule.
 CASES = [
     ("minimal", _raw(), True),
     ("pretrained without data", _pretrained(), True),
+    ("evaluate mode without training", _without_training(mode="evaluate", model={"name": "t5-small"}, tokenizer={},
+                                                          data=_TEST), True),
+    ("train mode without training", _without_training(), False),
+    ("evaluate mode without a pretrained model", _raw(mode="evaluate", data={**_TEST, **BASE["data"]}), False),
     ("tokenizer path", _raw(tokenizer={"path": "/tok"}, data={"sourceLang": "en", "targetLangs": ["de"]}), True),
     ("gpus with profile", _raw(gpusPerNode=8, network={"profile": "eks-p5"}, training={"maxSteps": 5, "device": "cuda"}), True),
     ("cpu procs", _raw(nodes=2, procsPerNode=4, training={"maxSteps": 5, "device": "cpu"},

@@ -48,6 +48,13 @@ SCENARIOS = {
         and s.gpus_per_node == 8 and s.network.profile == "eks-p5",
         "efs",
     ),
+    # (2b) flan-t5-xl as it is, evaluated on MT-GenEval EN→DE/ES/FR/IT/PT (mode evaluate: one Job, no JobSet)
+    "flan-t5-xl-gender-eval.yaml": (
+        lambda s: s.mode == "evaluate" and "flan-t5-xl" in (_pretrained(s) or "") and s.uses_task_prefix()
+        and s.data.target_langs == ["de", "es", "fr", "it", "pt"] and "gender" in s.evaluation.metrics
+        and all(src.format == "mtgeneval" for src in s.data.test),
+        "efs",
+    ),
     # (3) transformer-base from scratch on 4 nodes x 1 GPU with an EFS PVC
     "transformer-base-4nodes-efs.yaml": (
         lambda s: s.model.architecture == "transformer" and s.model.size == "base" and s.nodes == 4
@@ -167,7 +174,8 @@ def test_example_validates_and_renders(path, capsys):
     rendered = render(training.metadata.name, training.metadata.namespace or "default", training.spec)
     assert_valid_jobset(rendered.jobset)
     assert main(["render", "-f", str(path)]) == 0
-    assert [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)] == ["ConfigMap", "JobSet"]
+    kinds = ["ConfigMap", "Job" if training.spec.mode == "evaluate" else "JobSet"]
+    assert [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)] == kinds
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.relative_to(ROOT).as_posix() for p in EXAMPLES])

@@ -73,9 +73,9 @@ def _add_trainer_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, help="tokenizing processes (default: one per core)")
     p.set_defaults(func=_cmd_prepare)
 
-    p = sub.add_parser("evaluate", help="evaluate a saved checkpoint or exported model")
-    p.add_argument("--checkpoint", required=True, help="checkpoint or model directory (with --pick: the checkpoint "
-                   "directory holding the step-* dirs)")
+    p = sub.add_parser("evaluate", help="evaluate a saved checkpoint, exported or pretrained model")
+    p.add_argument("--checkpoint", help="checkpoint or model directory (with --pick: the checkpoint directory "
+                   "holding the step-* dirs); default: -f's model.name, a hub id or a local path")
     p.add_argument("--pick", choices=["final", "best", "averaged"],
                    help="which checkpoint of the directory: the newest, the best by validation score, or the "
                         "averaged model (checkpoint.average)")

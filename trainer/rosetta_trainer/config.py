@@ -845,10 +845,21 @@ class TrainerSpec(Model):
             "to summary, scored with ROUGE (the best checkpoint is picked by ROUGE-L)."
         ),
     )
+    mode: Literal["train", "evaluate"] = Field(
+        "train",
+        description=(
+            "train: train (or fine-tune) model, then evaluate; evaluate: only evaluate model.name (a hub id or "
+            "a local/PVC path) on data.test with evaluation.metrics, no training section needed."
+        ),
+    )
     model: ModelSpec
     tokenizer: TokenizerSpec = Field(default_factory=TokenizerSpec)
     data: DataSpec
-    training: TrainingSpec
+    training: TrainingSpec = Field(
+        # Unvalidated defaults, only ever read in evaluate mode (generation and device); train mode requires it.
+        default_factory=lambda: TrainingSpec.model_construct(),
+        description="How to train; required in mode train, not used in mode evaluate.",
+    )
     distributed: DistributedSpec = Field(default_factory=DistributedSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
@@ -870,6 +881,15 @@ class TrainerSpec(Model):
 
     @model_validator(mode="after")
     def _cross_field(self):
+        if self.mode == "evaluate":
+            if self.model.name is None:
+                raise ValueError("mode evaluate evaluates a pretrained model: set model.name (hub id or path)")
+            if not self.data.test:
+                raise ValueError("mode evaluate evaluates the test sets, and data.test is empty")
+            if self.evaluation.after_training is not None:
+                raise ValueError("mode evaluate has no training to evaluate after: drop evaluation.afterTraining")
+        elif "training" not in self.model_fields_set:
+            raise ValueError("training: Field required (mode train trains; mode evaluate needs none)")
         if self.model.architecture is not None and self.tokenizer.path is None and self.tokenizer.train is None:
             raise ValueError("a from-scratch model needs tokenizer.path or tokenizer.train")
         if self.model.name is None and self.tokenizer.path is None and not self.data.train:

@@ -257,6 +257,17 @@ def load_checkpoint_for_inference(path: str | Path, device: torch.device):
     return model, load_tokenizer(str(tok_dir)), spec
 
 
+def load_pretrained_for_inference(spec: TrainerSpec, device: torch.device):
+    """(model, tokenizer) of spec.model.name: a hub id, or a directory saved with save_pretrained."""
+    from rosetta_trainer.models import load_pretrained
+    from rosetta_trainer.tokenization import load_tokenizer
+
+    if spec.model.name is None:
+        raise ConfigError([("spec.model.name", "evaluating without --checkpoint needs a pretrained model.name")])
+    model = load_pretrained(spec.model.name).to(device)
+    return model, load_tokenizer(spec.tokenizer.path or spec.model.name)
+
+
 def pick_checkpoint(root: str | Path, pick: str) -> Path:
     """The checkpoint of a checkpoint directory that `rosetta evaluate --pick` names: the newest
     complete one (final), the best by validation score (best; the newest when none was scored),
@@ -289,14 +300,22 @@ def evaluate_command(args) -> int:
     from rosetta_trainer.distributed import init_world
 
     world = init_world(getattr(args, "device", "auto"))
-    checkpoint = Path(args.checkpoint)
-    if getattr(args, "pick", None):
-        checkpoint = pick_checkpoint(checkpoint, args.pick)
-        if world.is_main:
-            print(f"evaluating {checkpoint} ({args.pick}) on {world.device}", file=sys.stderr)
-    model, tokenizer, spec = load_checkpoint_for_inference(checkpoint, world.device)
-    if args.file:
+    if args.checkpoint is None:
+        # A pretrained model as it is (mode: evaluate): the YAML's model.name, hub id or path.
+        if not args.file:
+            raise ConfigError([("--checkpoint", "pass a checkpoint, or -f with a YAML whose model.name to evaluate")])
         spec = load_document(args.file, args.overrides).spec
+        model, tokenizer = load_pretrained_for_inference(spec, world.device)
+        checkpoint = Path(spec.model.name)
+    else:
+        checkpoint = Path(args.checkpoint)
+        if getattr(args, "pick", None):
+            checkpoint = pick_checkpoint(checkpoint, args.pick)
+            if world.is_main:
+                print(f"evaluating {checkpoint} ({args.pick}) on {world.device}", file=sys.stderr)
+        model, tokenizer, spec = load_checkpoint_for_inference(checkpoint, world.device)
+        if args.file:
+            spec = load_document(args.file, args.overrides).spec
     if spec is None:
         raise ConfigError([("-f", f"{args.checkpoint} has no training.yaml; pass the YAML with -f")])
     examples = read_split(spec.data, args.split)

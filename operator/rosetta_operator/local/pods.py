@@ -294,15 +294,23 @@ def plan_pods(rendered: Rendered, nodes: int, mounts: Mounts, hardware: Hardware
     return pods
 
 
-def plan_evaluation(job: dict, mounts: Mounts, warn: Callable[[str], None] = print) -> LocalPod:
+def plan_evaluation(job: dict, mounts: Mounts, warn: Callable[[str], None] = print,
+                    only: bool = False) -> LocalPod:
     """The after-training evaluation Job's pod (render.render_evaluation_job) as a local process:
-    the training's shared volumes and its trainer config (as pod 0 of the last attempt saw them)."""
+    the training's shared volumes and its trainer config (as pod 0 of the last attempt saw them).
+    `only` (spec.mode evaluate): the Job is the whole run, with its own emptyDirs and config, and
+    the GPUs the machine has when the spec asks for them."""
     container = job["spec"]["template"]["spec"]["containers"][0]
-    paths = PathMap(list(mounts.shared.mounts))
-    if mounts.config_mount is not None:
+    if only:
+        paths = mounts.for_pod(0, 0)
+    else:
+        paths = PathMap(list(mounts.shared.mounts))
+    if mounts.config_mount is not None and not only:
         paths.add(mounts.config_mount, (mounts.output / "config").resolve()
                   if (mounts.output / "config" / CONFIG_KEY).exists() else mounts.pod_dir(0, 0) / "config")
-    env = pod_env(container, 0, job["metadata"]["name"], paths, {"CUDA_VISIBLE_DEVICES": ""}, warn)
+    cpu_only = any(e["name"] == "CUDA_VISIBLE_DEVICES" for e in container.get("env", []))
+    env = pod_env(container, 0, job["metadata"]["name"], paths, {"CUDA_VISIBLE_DEVICES": ""} if cpu_only else {},
+                  warn)
     argv = [paths.rewrite(_expand(arg, env)) for arg in container["command"] + container.get("args", [])]
     return LocalPod(name=job["metadata"]["name"], index=0, argv=_launcher_argv(argv), env=env, paths=paths)
 

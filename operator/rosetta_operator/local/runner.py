@@ -30,6 +30,7 @@ from rosetta_operator.local.report import format_table, summary_rows, write_plot
 from rosetta_operator.local.supervisor import LocalJobSet
 from rosetta_operator.render import grace_period_seconds, render, render_evaluation_job
 from rosetta_operator.spec import load_training
+from rosetta_operator.status import evaluation_run_phase
 
 
 def parse_volume_args(values: list[str]) -> dict[str, Path]:
@@ -42,18 +43,20 @@ def parse_volume_args(values: list[str]) -> dict[str, Path]:
     return out
 
 
-def run_evaluation(job: dict, mounts, out: Path, warn) -> dict:
+def run_evaluation(job: dict, mounts, out: Path, warn, only: bool = False) -> dict:
     """spec.evaluation.afterTraining, here: the evaluation Job's command as one local process on the
-    CPU, after the training succeeded. Its scores, as status.evaluation would hold them."""
+    CPU, after the training succeeded (`only`: spec.mode evaluate, the whole run). Its scores, as
+    status.evaluation would hold them."""
     from rosetta_operator.status import observe_evaluation
 
-    pod = plan_evaluation(job, mounts, warn=warn)
+    pod = plan_evaluation(job, mounts, warn=warn, only=only)
     message_file = out / "evaluation-termination-log"
     message_file.unlink(missing_ok=True)
     env = {**os.environ, **pod.env, "ROSETTA_TERMINATION_LOG": str(message_file)}
     log = out / "logs" / f"{pod.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    print(f"[rosetta run] evaluating after training on the CPU ({pod.name}; log {log})", flush=True)
+    what = "the pretrained model" if only else "after training on the CPU"
+    print(f"[rosetta run] evaluating {what} ({pod.name}; log {log})", flush=True)
     with open(log, "a", encoding="utf-8") as f:
         code = subprocess.run(pod.argv, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
     # What the operator would write into status.evaluation, from the same Job and termination message.
@@ -81,6 +84,11 @@ def run(file: str, *, output: str | None = None, volumes: list[str] = (), overri
         print(f"[rosetta run] {msg}", file=sys.stderr, flush=True)
 
     mounts = mount_volumes(rendered, out, parse_volume_args(list(volumes)), warn=warn)
+    if spec.mode == "evaluate":  # no pods to train: the evaluation Job is the whole run
+        evaluation = run_evaluation(render_evaluation_job(name, namespace, spec), mounts, out, warn, only=True)
+        phase = evaluation_run_phase(evaluation)
+        (out / "run.json").write_text(json.dumps({"phase": phase, "evaluation": evaluation}, indent=2))
+        return 0 if phase == "Succeeded" else 1
     hardware = fit_hardware(spec.nodes, spec.gpus_per_node, spec.procs, gpu_count())
     if hardware.note:
         warn(hardware.note)
