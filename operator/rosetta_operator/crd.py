@@ -178,6 +178,11 @@ def cel_rules() -> list[CelRule]:
                 "training is required (mode train trains; mode evaluate needs none)"),
         CelRule("", "!has(self.mode) || self.mode != 'evaluate' || has(self.model.name)",
                 "mode evaluate evaluates a pretrained model: set model.name (hub id or path)"),
+        CelRule("", "!has(self.mode) || self.mode != 'evaluate' || (has(self.data.test) && self.data.test.size() > 0)",
+                "mode evaluate evaluates the test sets, and data.test is empty"),
+        CelRule("", "!has(self.mode) || self.mode != 'evaluate' || !has(self.evaluation) || "
+                    "!has(self.evaluation.afterTraining)",
+                "mode evaluate has no training to evaluate after: drop evaluation.afterTraining"),
         CelRule("", "(has(self.task) && self.task == 'summarization') || "
                     "(has(self.data.targetLangs) && self.data.targetLangs.size() > 0)",
                 "a translation needs data.targetLangs"),
