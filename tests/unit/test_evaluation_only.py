@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 
 import kopf
+import yaml
 import pytest
 
 from openapi_check import jobset_schema, schema_errors
@@ -142,3 +143,14 @@ def test_a_failed_job_fails_the_run(api, jobs):
     failed = {**finished_job("Failed", "BackoffLimitExceeded"), "metadata": jobs["mt-eval"]["metadata"]}
     tt = job_event(api, m, failed)
     assert tt["status"]["phase"] == "Failed" and tt["status"]["evaluation"]["phase"] == "Failed"
+
+
+def test_train_refuses_an_evaluate_mode_file(tmp_path):
+    from rosetta_trainer.__main__ import train_from_file
+    from rosetta_trainer.config import ConfigError as TrainerConfigError
+
+    path = tmp_path / "eval.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": "rosetta.dev/v1alpha1", "kind": "TranslationTraining",
+                                    "metadata": {"name": "eval"}, "spec": EVALUATE}))
+    with pytest.raises(TrainerConfigError, match="rosetta evaluate -f"):
+        train_from_file(str(path), str(tmp_path / "out"), progress=False)

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from rosetta_trainer.config import TrainingDocument, apply_overrides, parse_document, read_yaml
+from rosetta_trainer.config import ConfigError, TrainingDocument, apply_overrides, parse_document, read_yaml
 
 
 def train_from_file(path: str, output: str | None = None, overrides: list[str] | None = None,
@@ -34,6 +34,9 @@ def train_from_file(path: str, output: str | None = None, overrides: list[str] |
     # operator accepts; hostPath is the operator's admin decision, not the file's.
     parse_training(raw, str(path), allow_host_path=True)
     document = parse_document(raw, str(path))  # fails before any work, listing every error
+    if document.spec.mode == "evaluate":
+        raise ConfigError([("spec.mode", "evaluate trains nothing: run `rosetta evaluate -f FILE` "
+                                         "(or `rosetta run -f FILE`)")])
     out = Path(output or Path("runs") / document.metadata.name)
     return train(document, yaml.safe_dump(raw, sort_keys=False), out, progress=progress)
 
