@@ -462,6 +462,9 @@ def reconcile_evaluation(api: kubernetes.client.ApiClient, body: kopf.Body, spec
     job = render_evaluation_job(name, namespace, spec, owner=body)
     job_name = job["metadata"]["name"]
     child = f"ConfigMap {configmap['metadata']['name']}"
+    finished = ((body.get("status") or {}).get("evaluation") or {}).get("phase") in st.EvaluationPhase.TERMINAL
+    if finished:
+        return  # evaluated once: an operator restart or an edit does not run it again, even if its Job is gone
     try:
         ensure_configmap(api, body, configmap)
         child = f"Job {job_name}"

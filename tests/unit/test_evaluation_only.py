@@ -154,3 +154,14 @@ def test_train_refuses_an_evaluate_mode_file(tmp_path):
                                     "metadata": {"name": "eval"}, "spec": EVALUATE}))
     with pytest.raises(TrainerConfigError, match="rosetta evaluate -f"):
         train_from_file(str(path), str(tmp_path / "out"), progress=False)
+
+
+def test_a_finished_evaluation_is_not_run_again(api, jobs):
+    m = memo(api)
+    evaluate_training(api)
+    reconcile(api, m)
+    failed = {**finished_job("Failed", "BackoffLimitExceeded"), "metadata": jobs["mt-eval"]["metadata"]}
+    job_event(api, m, failed)
+    jobs.clear()  # deleted by hand, or by a TTL
+    tt = reconcile(api, memo(api))  # an operator restart
+    assert jobs == {} and tt["status"]["phase"] == "Failed"
