@@ -152,6 +152,39 @@ def test_chart_runs_the_operator_image_in_the_cluster_and_prometheus_scrapes_it(
     assert not denied, "\n".join(denied[:5])
 
 
+def test_every_dashboard_panel_has_data_from_a_trainer_pod(node_cluster, node_namespace, node_operator, tmp_path):
+    """The Grafana dashboards' queries against Prometheus scraping rank 0's pod, as the chart's
+    PodMonitor has a cluster's Prometheus do: every panel over the trainer's own series returns a
+    finite value for this training (tests/support/dashboards.py says which need dcgm-exporter or
+    node-exporter, and which only a GPU training has)."""
+    from support.dashboards import check_variables, split_queries, substitute, wait_for_data
+    from support.prometheus import prometheus
+
+    ns, name = node_namespace, "dashboards"
+    doc = one_pod_training(ns, name)
+    spec = doc["spec"]
+    spec["training"].update(maxSteps=100000)  # stopped once every panel has data
+    spec["checkpoint"]["interval"] = 20
+    spec["evaluation"].update(interval=20, maxSamples=8)
+    spec["metrics"] = {**spec.get("metrics", {}), "peakFlops": 1e11}  # a made-up CPU peak: MFU is a figure
+    port = spec["metrics"]["port"]
+    node_cluster.create_training(ns, doc)
+
+    def trainer_pod():
+        return next((p for p in node_cluster.pods(ns) if p.status.phase == "Running" and p.status.pod_ip), None)
+
+    pod = wait_for(trainer_pod, "the trainer pod to run", timeout=300)
+    from_trainer, external, absent = split_queries()
+    # The host reaches pod IPs over the node's bridge, as a Prometheus pod would over the pod network.
+    with prometheus({"trainer": [f"{pod.status.pod_ip}:{port}"]}, tmp_path / "prometheus", interval="1s") as prom:
+        missing = wait_for_data(prom, from_trainer, ns, name, lambda: trainer_pod() is not None, timeout=420)
+        assert not missing, f"no data for {missing}\n" + pod_log(node_cluster, ns, pod.metadata.name)[-3000:]
+        for _, _, expr in external | absent:
+            prom.query(substitute(expr, ns, name))  # valid PromQL; no data without the exporter or a GPU
+        check_variables(prom, ns, name)
+    kubectl(node_cluster, "delete", "tt", "-n", ns, name, "--wait=false")  # the gang stops with it
+
+
 def test_summarization_with_zero3_and_offload_trains_on_two_real_pods(node_cluster, node_namespace, node_operator,
                                                                      tmp_path):
     """The ZeRO-3 + CPU-offload summarization scenario, CPU-sized: the engine settings of
