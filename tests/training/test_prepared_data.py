@@ -41,6 +41,9 @@ def test_prepare_then_train_maps_and_matches_the_in_memory_run(write_config, tmp
     assert f"prepared: {out / shards.PREPARED_DIR}" in printed and "pairs: 800" in printed
 
     caplog.set_level(logging.INFO, logger="rosetta_trainer.shards")
+    # Only the training's own lines: whether `prepare`'s were captured above depends on the logging
+    # set-up earlier tests in the session left behind.
+    caplog.clear()
     first = train_from_file(cfg, str(out), overrides=[f"spec.training.maxSteps={n}"], progress=False)
     assert first["steps"] == n
     assert "training data: mapped prepared 800 pairs" in caplog.text
