@@ -90,25 +90,22 @@ def report_evaluation(scores: Mapping[str, Any], checkpoint: Optional[str] = Non
 
 def parse_evaluation(message: str) -> Optional[dict]:
     """The figures of an `Evaluation: {json}` termination message; None for anything else."""
-    if not message.startswith(EVALUATION_PREFIX):
-        return None
-    try:
-        figures = json.loads(message[len(EVALUATION_PREFIX):])
-    except ValueError:
-        return None
-    if not isinstance(figures, dict):
-        return None
-    return evaluation_of(figures, figures.get("checkpoint"), figures.get("step"))
+    figures = _figures(message, EVALUATION_PREFIX)
+    return None if figures is None else evaluation_of(figures, figures.get("checkpoint"), figures.get("step"))
 
 
 def parse(message: str) -> Optional[dict]:
     """The figures of a `Result: {json}` termination message; None for anything else."""
-    if not message.startswith(RESULT_PREFIX):
+    figures = _figures(message, RESULT_PREFIX)
+    return None if figures is None else result_of({key: figures.get(field) for key, field in _FIELDS})
+
+
+def _figures(message: str, prefix: str) -> Optional[dict]:
+    """The JSON object after `prefix` in a termination message; None when it is not one."""
+    if not message.startswith(prefix):
         return None
     try:
-        figures = json.loads(message[len(RESULT_PREFIX):])
+        figures = json.loads(message[len(prefix):])
     except ValueError:
         return None
-    if not isinstance(figures, dict):
-        return None
-    return result_of({key: figures.get(field) for key, field in _FIELDS})
+    return figures if isinstance(figures, dict) else None
