@@ -74,6 +74,10 @@ def _describe(exc: yaml.YAMLError, text: str) -> str:
     """PyYAML's multi-line message (with a snippet of the text) as `line L, column C: problem`."""
     if isinstance(exc, yaml.MarkedYAMLError) and exc.problem == "second occurrence" and exc.context_mark:
         return f"{_at(exc.problem_mark)}: duplicate anchor (first at line {exc.context_mark.line + 1})"
+    if isinstance(exc, yaml.MarkedYAMLError) and (exc.problem or "").startswith("exceeded maximum nesting depth"):
+        # libyaml >= 0.2.6 (PyYAML >= 6.0.4) stops at its own limit (1,000) while scanning ahead, before
+        # check() sees the 101st level; the document breaks the same rule, so it gets the same message.
+        return f"{_at(exc.problem_mark)}: nested more than {MAX_DEPTH} levels deep"
     if isinstance(exc, yaml.MarkedYAMLError):
         problem = _one_line(exc.problem or exc.context or "invalid YAML")
         where = exc.problem_mark or exc.context_mark
