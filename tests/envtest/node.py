@@ -252,6 +252,11 @@ state = '{STATE / "state"}'
         marker = self.cache / "imported" / re.sub(r"[^A-Za-z0-9_.-]", "_", ref)
         copied = False
         if not (marker.exists() and marker.read_text() == image_id and self.has_image(ref)):
+            # A superseded build (several GB for the trainer) and its other names: removed with its
+            # layers before the new one arrives, so the store holds one copy, not one per source change.
+            for name in (ref, *also):
+                if self.has_image(name):
+                    self._ctr("images", "rm", "--sync", _qualified(name), timeout=600)
             save = subprocess.Popen([docker, "save", ref], stdout=subprocess.PIPE)
             try:
                 self._ctr("images", "import", "-", stdin=save.stdout, timeout=1800)
