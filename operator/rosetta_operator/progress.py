@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping, Optional
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from rosetta_operator.render import COMPLETION_INDEX
+from rosetta_operator.render import COMPLETION_INDEX, REPLICATED_JOB, REPLICATED_JOB_LABEL
 from rosetta_trainer.final_result import parse as parse_result
 
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
@@ -143,7 +143,8 @@ def _is_rank0(pod: Mapping, jobset_name: str) -> bool:
     """Completion index 0 of the JobSet's (single) job."""
     labels = (pod.get("metadata") or {}).get("labels") or {}
     return (labels.get(JOBSET_NAME_LABEL) == jobset_name and _index(pod) == "0"
-            and labels.get(JOB_INDEX_LABEL, "0") == "0")
+            and labels.get(JOB_INDEX_LABEL, "0") == "0"
+            and labels.get(REPLICATED_JOB_LABEL, REPLICATED_JOB) == REPLICATED_JOB)  # not the stage job's pod
 
 
 def _created(pod: Mapping) -> str:

@@ -19,10 +19,16 @@ import yaml
 from pydantic import BaseModel
 
 from rosetta_trainer.config import API_VERSION, KIND, ConfigError
+from rosetta_trainer.data_checks import DATA_INVALID_EXIT
 from rosetta_operator.profiles import EFA_RESOURCE, PROFILES
 from rosetta_operator.spec import DEFAULT_OUTPUT_MOUNT, TRAINER_HOME, TRAINER_UID, TranslationTrainingSpec
 
 REPLICATED_JOB = "node"
+# model.source / data.source: one pod that copies them onto the shared volume; the gang depends on it
+# (JobSet dependsOn), so no GPU is held while weights download (Kubeflow Trainer's "initializers").
+STAGE_JOB = "stage"
+STAGE_RESOURCES = {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "4Gi"}}
+REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 CONFIG_DIR = "/etc/rosetta"
 CONFIG_KEY = "training.yaml"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
@@ -162,12 +168,21 @@ def pod_failure_policy() -> dict:
                        "onPodConditions": [{"type": DISRUPTION_TARGET, "status": "True"}]}]}
 
 
+STAGE_REFUSED_RULE = "stage-refused"
+
+
 def failure_policy(spec: TranslationTrainingSpec) -> dict:
     """Preemption restarts the gang without using up maxRestarts; any other failure falls through
-    to the JobSet's default, RestartJobSet, which counts."""
-    return {"maxRestarts": spec.failure_policy.max_restarts,
-            "rules": [{"name": PREEMPTION_RULE, "action": PREEMPTION_ACTION,
-                       "onJobFailureReasons": [POD_FAILURE_POLICY_REASON]}]}
+    to the JobSet's default, RestartJobSet, which counts. With a stage job, its pod failure policy
+    fails it for a source that is not there: that fails the JobSet at once (no rule sees it as a
+    preemption, and a restart would only ask again)."""
+    rules: list[dict] = [{"name": PREEMPTION_RULE, "action": PREEMPTION_ACTION,
+                          "onJobFailureReasons": [POD_FAILURE_POLICY_REASON]}]
+    if staging_sources(spec):
+        rules = [{"name": STAGE_REFUSED_RULE, "action": "FailJobSet", "onJobFailureReasons": [POD_FAILURE_POLICY_REASON],
+                  "targetReplicatedJobs": [STAGE_JOB]},
+                 {**rules[0], "targetReplicatedJobs": [REPLICATED_JOB]}]
+    return {"maxRestarts": spec.failure_policy.max_restarts, "rules": rules}
 
 
 def output_mount(spec: TranslationTrainingSpec) -> str:
@@ -449,8 +464,98 @@ def render(name: str, namespace: str, spec: TranslationTrainingSpec, owner: dict
         ports=[{"name": "metrics", "containerPort": metrics_port, "protocol": "TCP"}] if metrics_port else [],
         resources=resources(spec), volume_mounts=mounts, volumes=pod_volumes,
     )
+    stage = stage_job(spec, names, labels, pod_volumes, mounts)
+    if stage is not None:
+        gang = jobset["spec"]["replicatedJobs"][0]
+        gang["dependsOn"] = [{"name": STAGE_JOB, "status": "Complete"}]
+        gang["template"]["spec"]["template"]["spec"]["containers"][0]["env"] += offline_env(spec)
+        jobset["spec"]["replicatedJobs"].insert(0, stage)  # dependsOn names an earlier entry
     check_sizes(spec, configmap, jobset)
     return Rendered(names=names, configmap=configmap, jobset=jobset)
+
+
+# ----------------------------------------------------------------------- staging
+
+
+def staging_sources(spec: TranslationTrainingSpec) -> list:
+    return [s for s in (spec.model.source, spec.data.source) if s is not None]
+
+
+def offline_env(spec: TranslationTrainingSpec) -> list[dict]:
+    """The gang reads what the stage job copied: no pod asks the hub (which an offline cluster
+    cannot reach, and which would otherwise be asked once per rank)."""
+    own = {var.name for var in spec.env}
+    return [{"name": k, "value": "1"} for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") if k not in own]
+
+
+def staging_credentials_env(spec: TranslationTrainingSpec) -> list[dict]:
+    """The S3 credentials of model.source and data.source, by reference to their Secret (one: both
+    reach the pod under the same AWS_* names)."""
+    secrets = {s.credentials_secret for s in staging_sources(spec) if s.credentials_secret}
+    if len(secrets) > 1:
+        raise ConfigError([("spec.data.source.credentialsSecret",
+                            f"differs from model.source's; the stage job reads both with one set of AWS "
+                            f"credentials: use one Secret ({', '.join(sorted(secrets))})")])
+    if not secrets:
+        return []
+    (secret,) = secrets
+    return [{"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key, **({"optional": True} if optional else {})}}}
+            for key, optional in S3_SECRET_KEYS]
+
+
+def stage_job(spec: TranslationTrainingSpec, names: Names, labels: dict, pod_volumes: list[dict],
+              mounts: list[dict]) -> dict | None:
+    """The replicated job that runs `rosetta stage` once before the gang; None without a source."""
+    if not staging_sources(spec):
+        return None
+    keep = {v["name"] for v in pod_volumes if v["name"] != "dshm"}
+    node_selector, tolerations = scheduling(spec)  # wherever the gang may run, the stage pod may too
+    env = [{"name": "ROSETTA_TRAINING", "value": names.training},
+           {"name": "ROSETTA_CONFIG", "value": f"{CONFIG_DIR}/{CONFIG_KEY}"},
+           {"name": "CUDA_VISIBLE_DEVICES", "value": ""}]
+    env += staging_credentials_env(spec) + user_env(spec)
+    pod: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": spec.pod_security.automount_service_account_token,
+        "securityContext": pod_security_context(spec),
+        "containers": [{
+            "name": STAGE_JOB, "image": spec.image,
+            "command": ["python", "-m", "rosetta_trainer", "stage", "-f", "$(ROSETTA_CONFIG)"],
+            "env": env, "resources": STAGE_RESOURCES,
+            "securityContext": container_security_context(),
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+            "volumeMounts": [m for m in mounts if m["name"] in keep],
+        }],
+        "volumes": [v for v in pod_volumes if v["name"] in keep],
+    }
+    if spec.image_pull_policy:
+        pod["containers"][0]["imagePullPolicy"] = spec.image_pull_policy
+    if spec.service_account_name:
+        pod["serviceAccountName"] = spec.service_account_name
+    if spec.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": s} for s in spec.image_pull_secrets]
+    if node_selector:
+        pod["nodeSelector"] = node_selector
+    if tolerations:
+        pod["tolerations"] = tolerations
+    if spec.scheduling.priority_class_name:
+        pod["priorityClassName"] = spec.scheduling.priority_class_name
+    return {"name": STAGE_JOB, "replicas": 1, "template": {
+        "metadata": {"labels": dict(labels)},
+        "spec": {
+            "completions": 1, "parallelism": 1,
+            # A download that broke off is tried again in a new pod; a source that is not there
+            # (rosetta stage's data-error exit) fails at once, and the operator reports it.
+            "backoffLimit": 2,
+            "podFailurePolicy": {"rules": [
+                {"action": "FailJob", "onExitCodes": {"containerName": STAGE_JOB, "operator": "In",
+                                                      "values": [DATA_INVALID_EXIT]}},
+                {"action": "Ignore", "onPodConditions": [{"type": DISRUPTION_TARGET, "status": "True"}]}]},
+            "template": {"metadata": {"labels": dict(labels),
+                                      "annotations": {"kubectl.kubernetes.io/default-container": STAGE_JOB}},
+                         "spec": pod},
+        }}}
 
 
 # ------------------------------------------------------------ the after-training evaluation

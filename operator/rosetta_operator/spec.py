@@ -647,6 +647,26 @@ class TranslationTrainingSpec(TrainerSpec):
         return self
 
     @model_validator(mode="after")
+    def _staged_onto_a_shared_volume(self):
+        # The stage job is its own pod, gone before the gang starts: what it copies must be on a
+        # volume that outlives it and that it may write.
+        for where, source in (("model.source", self.model.source), ("data.source", self.data.source)):
+            if source is not None:
+                self._check_staging(where, source)
+        return self
+
+    def _check_staging(self, where: str, source) -> None:
+        volume = next((v for v in self.volumes if v.persistent_volume_claim is not None
+                       and _under(source.path, v.mount_path)), None)
+        if volume is None:
+            raise ValueError(f"{where}: {source.path} is not on a persistentVolumeClaim volume; the stage job copies "
+                             "it there before the training's pods start, so it must be under the mountPath of a "
+                             "volume every pod shares (e.g. purpose: model or data, on EFS or Filestore)")
+        if volume.read_only or volume.persistent_volume_claim.read_only:
+            raise ValueError(f"{where}: {source.path} is on volume '{volume.name}', which is mounted read-only; "
+                             "the stage job writes there")
+
+    @model_validator(mode="after")
     def _device_matches_gpus(self):
         if self.training.device == "cuda" and self.gpus_per_node == 0:
             raise ValueError("training.device is cuda but gpusPerNode is 0")

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping, Optional
 
 from rosetta_trainer.data_checks import TERMINATION_PREFIX
 from rosetta_trainer.final_result import parse_evaluation
-from rosetta_operator.render import EVALUATION_CHECKPOINT, KUEUE_QUEUE_LABEL, PREEMPTION_ACTION
+from rosetta_operator.render import EVALUATION_CHECKPOINT, KUEUE_QUEUE_LABEL, PREEMPTION_ACTION, STAGE_JOB
 
 
 class Phase:
@@ -148,16 +148,30 @@ def _is_true(cond: Optional[Mapping]) -> bool:
 
 
 def expected_jobs(jobset: Mapping) -> int:
-    """Child Jobs the JobSet runs when healthy: the sum of its replicatedJobs' replicas."""
-    return sum(int(rj.get("replicas", 1)) for rj in (jobset.get("spec") or {}).get("replicatedJobs") or [])
+    """Child Jobs the JobSet runs when healthy: the sum of its replicatedJobs' replicas, less the
+    stage job (it has finished before the gang starts)."""
+    return sum(int(rj.get("replicas", 1)) for rj in (jobset.get("spec") or {}).get("replicatedJobs") or []
+               if rj.get("name") != STAGE_JOB)
 
 
 def job_counts(jobset: Mapping) -> dict[str, int]:
+    """The gang's Jobs by state (the stage job's are staging_counts)."""
     counts = {"ready": 0, "active": 0, "succeeded": 0, "failed": 0, "suspended": 0}
     for rjs in (jobset.get("status") or {}).get("replicatedJobsStatus") or []:
+        if rjs.get("name") == STAGE_JOB:
+            continue
         for key in counts:
             counts[key] += int(rjs.get(key) or 0)
     return counts
+
+
+def staging(jobset: Mapping) -> bool:
+    """The JobSet has a stage job (model.source, data.source) that has not completed yet."""
+    if not any(rj.get("name") == STAGE_JOB for rj in (jobset.get("spec") or {}).get("replicatedJobs") or []):
+        return False
+    done = next((rjs for rjs in (jobset.get("status") or {}).get("replicatedJobsStatus") or []
+                 if rjs.get("name") == STAGE_JOB), {})
+    return int(done.get("succeeded") or 0) < 1
 
 
 def _jobset_conditions(running: Cond, suspended: Cond, succeeded: Cond, failed: Cond) -> tuple[Cond, ...]:
@@ -348,6 +362,10 @@ def observe_jobset(jobset: Optional[Mapping], *, previous_phase: Optional[str] =
                                    ready_text)
         reason = Reason.RESTARTING
         phase = Phase.RESTARTING
+    elif staging(jobset):
+        message = "staging: copying model.source/data.source onto the shared volume before the gang starts"
+        reason = Reason.JOBS_STARTING
+        phase = Phase.PENDING
     else:
         message = f"starting: {ready_text}"
         reason = Reason.JOBS_STARTING
@@ -373,7 +391,9 @@ def shows_failure(jobset: Mapping, previous_restarts: Optional[int]) -> bool:
     why (the JobSet says only that a job failed). A preemption is no data error."""
     if _is_true(_jobset_condition(jobset, "Completed")):
         return False
-    return (job_counts(jobset)["failed"] > 0 or _is_true(_jobset_condition(jobset, "Failed"))
+    stage_failed = any(rjs.get("name") == STAGE_JOB and int(rjs.get("failed") or 0) > 0
+                       for rjs in (jobset.get("status") or {}).get("replicatedJobsStatus") or [])
+    return (job_counts(jobset)["failed"] > 0 or stage_failed or _is_true(_jobset_condition(jobset, "Failed"))
             or restart_counts(jobset)[0] > int(previous_restarts or 0))
 
 

@@ -73,6 +73,10 @@ def _add_trainer_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, help="tokenizing processes (default: one per core)")
     p.set_defaults(func=_cmd_prepare)
 
+    p = sub.add_parser("stage", help="copy model.source and data.source into place (before training, once)")
+    add_document_arguments(p)
+    p.set_defaults(func=_cmd_stage)
+
     p = sub.add_parser("evaluate", help="evaluate a saved checkpoint, exported or pretrained model")
     p.add_argument("--checkpoint", help="checkpoint or model directory (with --pick: the checkpoint directory "
                    "holding the step-* dirs); default: -f's model.name, a hub id or a local path")
@@ -133,6 +137,12 @@ def _cmd_prepare(args) -> int:
     from rosetta_trainer.shards import prepare_command
 
     return prepare_command(args)
+
+
+def _cmd_stage(args) -> int:
+    from rosetta_trainer.staging import stage_command
+
+    return stage_command(args)
 
 
 def _cmd_evaluate(args) -> int:

@@ -230,6 +230,100 @@ def _unwrap(annotation: Any) -> Any:
             return annotation
 
 
+# ------------------------------------------------------------------------- staging
+
+_S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# A hub repository: `org/name` or `name` (letters, digits, '.', '_', '-'), datasets under `datasets/`,
+# an optional `@revision` (branch, tag or commit).
+_HF_REPO = re.compile(r"^(datasets/)?([A-Za-z0-9][A-Za-z0-9._-]{0,95}/)?[A-Za-z0-9][A-Za-z0-9._-]{0,95}(@[A-Za-z0-9._/-]{1,200})?$")
+
+
+def _bucket_problem(value: str) -> Optional[str]:
+    bucket = value[len("s3://"):].split("/", 1)[0]
+    if not bucket:
+        return f"'{_clip(value, 80)}' names no bucket (s3://bucket/prefix)"
+    if not _S3_BUCKET.match(bucket) or ".." in bucket:
+        return (f"bucket '{_clip(bucket, 80)}' is not a valid S3 bucket name "
+                "(3-63 characters: a-z, 0-9, '.', '-', starting and ending with a letter or digit)")
+    return None
+
+
+class StagingSpec(Model):
+    """Where a model or corpus comes from on a cluster that cannot reach it from every pod: copied once
+    into `path` on a shared volume by the JobSet's stage job before the gang starts (`rosetta run`:
+    before training), then read from there with the hub offline."""
+
+    uri: str = Field(
+        ..., max_length=PATH_MAX,
+        description="s3://bucket/prefix (every object under it), hf://org/model[@revision] or "
+                    "hf://datasets/org/name[@revision] (a Hugging Face hub repository).")
+    path: Optional[str] = Field(
+        None, max_length=PATH_MAX,
+        description="Absolute directory it is copied into, on a volume the pods share. model.source: "
+                    "model.name (leave it out); data.source: required.")
+    endpoint_url: Optional[str] = Field(
+        None, max_length=PATH_MAX, description="s3: an S3-compatible endpoint (MinIO, Ceph), e.g. http://minio:9000.")
+    region: Optional[str] = Field(None, max_length=NAME_MAX, description="s3: the bucket's region.")
+    credentials_secret: Optional[str] = Field(
+        None, max_length=253,
+        description="s3: Secret with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and optionally AWS_SESSION_TOKEN) "
+                    "for the stage job; without it the standard AWS chain. hf: set HF_TOKEN in spec.env for "
+                    "gated models.")
+
+    @field_validator("uri")
+    @classmethod
+    def _known_scheme(cls, value: str) -> str:
+        if value.startswith("s3://"):
+            problem = _bucket_problem(value)
+            if problem:
+                raise ValueError(problem)
+            return value
+        if value.startswith("hf://"):
+            if not _HF_REPO.match(value[len("hf://"):]) or ".." in value:
+                raise ValueError(f"'{_clip(value, 80)}' is not a hub repository (hf://org/name[@revision] or "
+                                 "hf://datasets/org/name[@revision])")
+            return value
+        raise ValueError(f"'{_clip(value, 80)}' must start with s3:// or hf://")
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and (not value.startswith("/") or ".." in Path(value).parts or value.rstrip("/") == ""):
+            raise ValueError(f"'{_clip(value, 80)}' must be an absolute directory below / (no '..')")
+        return value
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _http_url(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(f"'{_clip(value, 80)}' must be an http:// or https:// URL")
+        return value
+
+    @field_validator("credentials_secret")
+    @classmethod
+    def _secret_name(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not _SECRET_NAME.match(value):
+            raise ValueError(f"'{_clip(value, 80)}' is not a valid Secret name (lowercase a-z, 0-9, '-' and '.')")
+        return value
+
+    @model_validator(mode="after")
+    def _s3_options_for_s3(self):
+        if not self.uri.startswith("s3://"):
+            given = [to_camel(f) for f in ("endpoint_url", "region", "credentials_secret") if getattr(self, f)]
+            if given:
+                raise ValueError(f"{', '.join(given)} apply to s3:// sources only")
+        return self
+
+    @property
+    def scheme(self) -> str:
+        return self.uri.split("://", 1)[0]
+
+    @property
+    def dataset(self) -> bool:
+        return self.uri.startswith("hf://datasets/")
+
+
 # --------------------------------------------------------------------------- model
 
 
@@ -255,11 +349,23 @@ class ModelSpec(Model):
     attention: Literal["sdpa", "eager"] = Field(
         "sdpa", description="Attention kernel passed to transformers (attn_implementation)."
     )
+    source: Optional[StagingSpec] = Field(
+        None, description="Copy the pretrained model into model.name (an absolute directory on a shared volume) "
+                          "before training, from S3 or the hub; the pods then load it with the hub offline.")
 
     @model_validator(mode="after")
     def _one_source(self):
         if (self.name is None) == (self.architecture is None):
             raise ValueError("set exactly one of 'name' (pretrained) or 'architecture' (from scratch)")
+        if self.source is not None:
+            if self.name is None or not self.name.startswith("/"):
+                raise ValueError("source copies the model into name, which must then be an absolute directory "
+                                 "(e.g. /models/flan-t5-xl), not a hub id")
+            if self.source.dataset:
+                raise ValueError(f"source '{self.source.uri}' is a dataset repository; a model is hf://org/name")
+            if self.source.path is not None and self.source.path.rstrip("/") != self.name.rstrip("/"):
+                raise ValueError("source.path must be name (the model is loaded from there); leave it out")
+            self.source.path = self.name
         if self.d_model and self.heads and self.d_model % self.heads:
             raise ValueError(f"dModel ({self.d_model}) must be divisible by heads ({self.heads})")
         return self
@@ -404,6 +510,9 @@ class DataSpec(Model):
         default_factory=DataChecks,
         description="Filters on the training pairs (empty pairs are always dropped); see docs/training.md.",
     )
+    source: Optional[StagingSpec] = Field(
+        None, description="Copy corpora into source.path (on a shared volume) before training, from S3 or a hub "
+                          "dataset repository; train/validation/test then name files below it.")
     # spec.task, copied in while the spec validates: readers tag their examples with it.
     _task: str = PrivateAttr("translation")
 
@@ -413,6 +522,8 @@ class DataSpec(Model):
 
     @model_validator(mode="after")
     def _languages(self):
+        if self.source is not None and self.source.path is None:
+            raise ValueError("source.path is required: the absolute directory the corpora are copied into")
         task = _current_task()
         self._task = task or "translation"
         if self.target_langs is None:
@@ -554,8 +665,6 @@ class DistributedSpec(Model):
         return 2 if self.zero_stage is None else self.zero_stage
 
 
-_S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-_SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 class S3MirrorSpec(Model):
@@ -583,12 +692,9 @@ class S3MirrorSpec(Model):
     def _s3_uri(cls, value: str) -> str:
         if not value.startswith("s3://"):
             raise ValueError(f"'{value}' must start with s3:// (s3://bucket/prefix)")
-        bucket = value[len("s3://"):].split("/", 1)[0]
-        if not bucket:
-            raise ValueError(f"'{value}' names no bucket (s3://bucket/prefix)")
-        if not _S3_BUCKET.match(bucket) or ".." in bucket:
-            raise ValueError(f"bucket '{bucket}' is not a valid S3 bucket name "
-                             "(3-63 characters: a-z, 0-9, '.', '-', starting and ending with a letter or digit)")
+        problem = _bucket_problem(value)
+        if problem:
+            raise ValueError(problem)
         return value
 
     @field_validator("endpoint_url")

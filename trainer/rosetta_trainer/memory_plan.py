@@ -168,6 +168,13 @@ def model_config(spec) -> tuple[Any, str]:
     config = builtin_config(m.name)
     if config is not None:
         return config, f"{m.name} (shape from the built-in table of published configs)"
+    if m.source is not None:
+        # Staged into model.name on the cluster: the source names the model (hf://google/flan-t5-xl,
+        # s3://bucket/models/t5-large), and its last part is what the table knows it by.
+        for guess in (m.source.uri.split("://", 1)[1].split("@")[0], m.source.uri.rstrip("/").rsplit("/", 1)[-1]):
+            config = builtin_config(guess)
+            if config is not None:
+                return config, f"{m.source.uri} (shape from the built-in table of published configs)"
     raise PlanSkipped(
         f"spec.model.name: '{m.name}' is not a local directory here, not in the Hugging Face cache and not "
         f"in the built-in table ({', '.join(sorted(BUILTIN_SHAPES))}); plan on a machine that has its config")

@@ -33,7 +33,7 @@ from typing import Any, Callable
 import yaml
 
 from rosetta_trainer import strict_yaml
-from rosetta_operator.render import COMPLETION_INDEX, CONFIG_KEY, SCRATCH_MOUNTS, Rendered
+from rosetta_operator.render import COMPLETION_INDEX, CONFIG_KEY, REPLICATED_JOB, SCRATCH_MOUNTS, STAGE_JOB, Rendered
 
 # JobSet exposes the restart count of the gang on every pod; the trainer reports it.
 RESTART_ATTEMPT_ENV = "ROSETTA_RESTART_ATTEMPT"
@@ -179,11 +179,31 @@ def _translate_config(text: str, paths: PathMap) -> str:
     return yaml.safe_dump(walk(strict_yaml.load(text)), sort_keys=False, allow_unicode=True)
 
 
+def _replicated_job(rendered: Rendered, name: str) -> dict | None:
+    return next((job for job in rendered.jobset["spec"]["replicatedJobs"] if job["name"] == name), None)
+
+
 def _pod_template(rendered: Rendered) -> dict:
-    jobs = rendered.jobset["spec"]["replicatedJobs"]
-    if len(jobs) != 1:
-        raise LocalRunError(f"expected one replicated job, the JobSet has {len(jobs)}")
-    return jobs[0]["template"]["spec"]["template"]["spec"]
+    """The gang's pod (the stage job's, when there is one, runs before it: plan_stage)."""
+    job = _replicated_job(rendered, REPLICATED_JOB)
+    if job is None:
+        names = [job["name"] for job in rendered.jobset["spec"]["replicatedJobs"]]
+        raise LocalRunError(f"expected a replicated job named {REPLICATED_JOB}, the JobSet has {names}")
+    return job["template"]["spec"]["template"]["spec"]
+
+
+def plan_stage(rendered: Rendered, mounts: Mounts, warn: Callable[[str], None] = print) -> LocalPod | None:
+    """The stage job's pod (model.source, data.source) as a local process, None without one. What it
+    copies is on the shared volumes (spec.py), so the first pod's config and mounts serve."""
+    job = _replicated_job(rendered, STAGE_JOB)
+    if job is None:
+        return None
+    container = job["template"]["spec"]["template"]["spec"]["containers"][0]
+    paths = mounts.for_pod(0, 0)
+    name = f"{rendered.names.jobset}-{STAGE_JOB}-0-0"
+    env = pod_env(container, 0, name, paths, {}, warn)
+    argv = [paths.rewrite(_expand(arg, env)) for arg in container["command"] + container.get("args", [])]
+    return LocalPod(name=name, index=0, argv=_launcher_argv(argv), env=env, paths=paths)
 
 
 def mount_volumes(rendered: Rendered, output: Path, volume_dirs: dict[str, Path],

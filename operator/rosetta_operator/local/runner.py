@@ -23,8 +23,10 @@ import sys
 from pathlib import Path
 
 from rosetta_operator.local.pods import (
-    LocalRunError, fit_hardware, free_port, gpu_count, mount_volumes, plan_evaluation, plan_pods, trainer_output,
+    LocalRunError, fit_hardware, free_port, gpu_count, mount_volumes, plan_evaluation, plan_pods, plan_stage,
+    trainer_output,
 )
+from rosetta_trainer.data_checks import TERMINATION_PREFIX
 from rosetta_operator.local.progress import TrainingProgress
 from rosetta_operator.local.report import format_table, summary_rows, write_plots
 from rosetta_operator.local.supervisor import LocalJobSet
@@ -71,6 +73,26 @@ def run_evaluation(job: dict, mounts, out: Path, warn, only: bool = False) -> di
     return evaluation
 
 
+def run_stage(pod, out: Path, warn) -> bool:
+    """The JobSet's stage job, here: `rosetta stage` once, before the pods; whether it succeeded.
+    Its refusal (a source that is not there) is what the operator would report as DataInvalid."""
+    message_file = out / "stage-termination-log"
+    message_file.unlink(missing_ok=True)
+    log = out / "logs" / f"{pod.name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    print(f"[rosetta run] staging model.source/data.source ({log})", flush=True)
+    with open(log, "a", encoding="utf-8") as f:
+        code = subprocess.run(pod.argv, env={**os.environ, **pod.env, "ROSETTA_TERMINATION_LOG": str(message_file)},
+                              stdout=f, stderr=subprocess.STDOUT).returncode
+    if code == 0:
+        return True
+    reason = message_file.read_text().strip().removeprefix(TERMINATION_PREFIX) if message_file.exists() else ""
+    warn(f"staging failed (exit code {code}){': ' + reason if reason else ''}; see {log}")
+    (out / "run.json").write_text(json.dumps({"phase": "Failed", "message": f"staging failed: {reason or code}"},
+                                             indent=2))
+    return False
+
+
 def run(file: str, *, output: str | None = None, volumes: list[str] = (), overrides: list[str] = (),
         allow_host_path: bool = False, progress: bool = True, quiet: bool = False) -> int:
     training = load_training(file, list(overrides), allow_host_path=allow_host_path)
@@ -84,6 +106,9 @@ def run(file: str, *, output: str | None = None, volumes: list[str] = (), overri
         print(f"[rosetta run] {msg}", file=sys.stderr, flush=True)
 
     mounts = mount_volumes(rendered, out, parse_volume_args(list(volumes)), warn=warn)
+    stage = plan_stage(rendered, mounts, warn=warn)
+    if stage is not None and not run_stage(stage, out, warn):
+        return 1
     if spec.mode == "evaluate":  # no pods to train: the evaluation Job is the whole run
         evaluation = run_evaluation(render_evaluation_job(name, namespace, spec), mounts, out, warn, only=True)
         phase = evaluation_run_phase(evaluation)

@@ -1,0 +1,72 @@
+"""model.source / data.source on real controllers: the JobSet controller starts the gang only after
+the stage job completed (dependsOn), the operator says the training is staging meanwhile, and a
+stage pod that reports a missing source fails the training with DataInvalid, without a restart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from support.cluster import wait_for
+from workloads import condition, in_namespace, jobset, provision, running_pods, status, training_doc
+
+REPO = Path(__file__).resolve().parents[2]
+QUICKSTART = REPO / "manifests" / "examples" / "quickstart-cpu.yaml"
+WAIT = 90
+STAGE = "jobset.sigs.k8s.io/replicatedjob-name"
+
+
+def staged_doc(ns: str, name: str) -> dict:
+    doc = in_namespace(training_doc(QUICKSTART), ns, name)
+    spec = doc["spec"]
+    spec["model"] = {"name": "/checkpoints/models/t5-small", "source": {"uri": "s3://weights/t5-small"}}
+    spec.pop("tokenizer", None)
+    spec["data"]["source"] = {"uri": "hf://datasets/wmt/wmt16@main", "path": "/checkpoints/corpora/wmt16"}
+    return doc
+
+
+def pods_of(cluster, ns: str, name: str, job: str) -> list:
+    return [p for p in running_pods(cluster, ns, name) if p.metadata.labels.get(STAGE) == job]
+
+
+def test_the_gang_starts_only_after_the_stage_job_completed(live_cluster, live_namespace, live_operator):
+    ns, name = live_namespace, "staged"
+    doc = staged_doc(ns, name)
+    provision(live_cluster, ns, doc)
+    live_cluster.create_training(ns, doc)
+
+    (stage,) = wait_for(lambda: pods_of(live_cluster, ns, name, "stage"), "the stage pod running", WAIT)
+    assert stage.spec.containers[0].command[3] == "stage"
+    got = wait_for(lambda: (s := status(live_cluster, ns, name)).get("message", "").startswith("staging") and s,
+                   "status saying it is staging", WAIT)
+    assert got["phase"] == "Pending"
+    # The JobSet controller holds the gang back: no node Job while the stage job runs.
+    js = jobset(live_cluster, ns, name)
+    assert [r["name"] for r in js["status"].get("replicatedJobsStatus", []) if r.get("active")] == ["stage"]
+    assert pods_of(live_cluster, ns, name, "node") == []
+
+    live_cluster.end_pod(ns, stage.metadata.name, 0)
+    gang = wait_for(lambda: (p := pods_of(live_cluster, ns, name, "node")) and len(p) == 2 and p,
+                    "2 gang pods running after staging", WAIT)
+    env = {e.name: e.value for e in gang[0].spec.containers[0].env}
+    assert env["HF_HUB_OFFLINE"] == "1"
+    wait_for(lambda: status(live_cluster, ns, name).get("phase") == "Running", "Running", WAIT)
+    for pod in gang:
+        live_cluster.end_pod(ns, pod.metadata.name, 0)
+    wait_for(lambda: status(live_cluster, ns, name).get("phase") == "Succeeded", "Succeeded", WAIT)
+
+
+def test_a_missing_source_fails_the_training_without_starting_the_gang(live_cluster, live_namespace, live_operator):
+    ns, name = live_namespace, "unstaged"
+    doc = staged_doc(ns, name)
+    provision(live_cluster, ns, doc)
+    live_cluster.create_training(ns, doc)
+    (stage,) = wait_for(lambda: pods_of(live_cluster, ns, name, "stage"), "the stage pod running", WAIT)
+    # What `rosetta stage` leaves when the prefix is empty: the data-error exit and message.
+    live_cluster.end_pod(ns, stage.metadata.name, 65, "DataInvalid: s3://weights/t5-small: no objects under this prefix")
+
+    got = wait_for(lambda: (s := status(live_cluster, ns, name)).get("phase") == "Failed" and s, "Failed", WAIT)
+    cond = condition(live_cluster, ns, name, "DataInvalid")
+    assert cond and cond["status"] == "True" and "no objects under this prefix" in cond["message"]
+    assert "no objects under this prefix" in got["message"]
+    assert not got.get("restarts")
+    assert [p for p in live_cluster.pods(ns, name) if p.metadata.labels.get(STAGE) == "node"] == []
