@@ -72,8 +72,17 @@ def test_example_runs_on_nodes_of_its_profile(live_cluster, live_namespace, live
     assert js["spec"]["startupPolicy"]["startupPolicyOrder"] == "AnyOrder"
     assert js["spec"]["successPolicy"]["operator"] == "All"
 
+    if any(job["name"] == "stage" for job in js["spec"]["replicatedJobs"]):  # model.source / data.source
+        (stage,) = wait_for(lambda: running_pods(live_cluster, live_namespace, name), f"the stage pod of {name}",
+                            timeout=90)
+        assert stage.metadata.labels["jobset.sigs.k8s.io/replicatedjob-name"] == "stage"
+        assert stage.spec.node_name in expected_nodes(live_cluster, stage.spec)
+        live_cluster.end_pod(live_namespace, stage.metadata.name, 0)  # copied: the gang may start
+
     nodes = doc["spec"]["nodes"]
-    pods = wait_for(lambda: (p := running_pods(live_cluster, live_namespace, name)) and len(p) == nodes and p,
+    pods = wait_for(lambda: (p := [x for x in running_pods(live_cluster, live_namespace, name)
+                                   if x.metadata.labels.get("jobset.sigs.k8s.io/replicatedjob-name") == "node"])
+                    and len(p) == nodes and p,
                     f"{nodes} running pods of {name}", timeout=90)
     allowed = expected_nodes(live_cluster, pods[0].spec)
     assert allowed, "no node of the fleet matches the example: the fleet in conftest.py needs that shape"

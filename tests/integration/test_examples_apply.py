@@ -43,8 +43,14 @@ def missing(sent: Any, got: Any, path: str = "") -> list[str]:
     return [] if sent == got else [f"{path}: sent {sent!r}, got {got!r}"]
 
 
+def _gang(jobset: dict) -> dict:
+    """The nodes' replicated job (model.source/data.source add a stage job before it)."""
+    (job,) = [j for j in jobset["spec"]["replicatedJobs"] if j["name"] == "node"]
+    return job
+
+
 def _pod_spec(jobset: dict) -> dict:
-    return jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    return _gang(jobset)["template"]["spec"]["template"]["spec"]
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
@@ -61,7 +67,8 @@ def test_rendered_configmap_and_jobset_are_accepted(cluster: Cluster, namespace:
     got = cluster.custom.get_namespaced_custom_object(JS_GROUP, JS_VERSION, namespace, JS_PLURAL,
                                                       rendered.names.jobset)
     assert missing(rendered.jobset["spec"], got["spec"], "spec") == []
-    (sent_job,), (got_job,) = rendered.jobset["spec"]["replicatedJobs"], got["spec"]["replicatedJobs"]
+    assert [j["name"] for j in got["spec"]["replicatedJobs"]] == [j["name"] for j in rendered.jobset["spec"]["replicatedJobs"]]
+    sent_job, got_job = _gang(rendered.jobset), _gang(got)
     assert got_job["replicas"] == sent_job["replicas"] == 1
     job = got_job["template"]["spec"]
     assert job["parallelism"] == job["completions"] == training.spec.nodes

@@ -61,10 +61,10 @@ SCENARIOS = {
         and s.gpus_per_node == 1,
         "efs",
     ),
-    # (4) T5 summarization (ZeRO-3 offload once the spec has it) on 2 nodes x 4 GPUs
+    # (4) T5 summarization with ZeRO-3 offload on 2 nodes x 4 GPUs, offline: model and corpus staged from S3
     "t5-summarization-zero3-2x4.yaml": (
         lambda s: "t5" in (_pretrained(s) or "") and s.launcher == "deepspeed" and s.nodes == 2
-        and s.gpus_per_node == 4
+        and s.gpus_per_node == 4 and s.model.source is not None and s.data.source is not None
         and all(src.format == "jsonl" and (src.source_column, src.target_column) == ("document", "summary")
                 for split in (s.data.train, s.data.validation, s.data.test) for src in split),
         "efs",
@@ -129,10 +129,15 @@ def test_scenario_reads_and_writes_mounted_volumes(path):
         assert data is None and checkpoints.persistent_volume_claim is not None
         assert storage in checkpoints.persistent_volume_claim.claim_name
         return
+    if spec.data.source is not None:
+        # Staged: the stage job writes the corpus onto a shared claim; the pods read it there.
+        data = next(v for v in spec.volumes if spec.data.source.path.startswith(v.mount_path + "/"))
+        assert not data.read_only
+    else:
+        assert data is not None and data.read_only, path.name
     for vol in (data, checkpoints):
         assert vol is not None and vol.persistent_volume_claim is not None, path.name
         assert storage in vol.persistent_volume_claim.claim_name, (path.name, vol.name)
-    assert data.read_only
     files = [getattr(src, field) for split in (spec.data.train, spec.data.validation, spec.data.test)
              for src in split for field in ("path", "source", "target") if getattr(src, field)]
     files += [spec.tokenizer.path] if spec.tokenizer.path else []
