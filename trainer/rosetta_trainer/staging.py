@@ -130,7 +130,10 @@ def _copy_hub(source: StagingSpec, into: Path) -> int:
     if repo.startswith("datasets/"):
         repo, repo_type = repo[len("datasets/"):], "dataset"
     try:
-        snapshot_download(repo_id=repo, repo_type=repo_type, revision=revision or None, local_dir=str(into))
+        # HF_ENDPOINT read now, not when huggingface_hub was first imported: a mirror or proxy of the
+        # hub set in spec.env reaches the stage pod's environment either way, but not always first.
+        snapshot_download(repo_id=repo, repo_type=repo_type, revision=revision or None, local_dir=str(into),
+                          endpoint=os.environ.get("HF_ENDPOINT") or None)
     except (RepositoryNotFoundError, RevisionNotFoundError, GatedRepoError) as exc:
         raise StagingError(f"{source.uri}: {type(exc).__name__}: {str(exc).splitlines()[0]}") from None
     shutil.rmtree(into / ".cache", ignore_errors=True)  # huggingface_hub's download bookkeeping
