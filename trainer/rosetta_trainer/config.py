@@ -400,13 +400,15 @@ class TokenizerSpec(Model):
 
 # ---------------------------------------------------------------------------- data
 
-DataFormat = Literal["pairs", "tsv", "csv", "jsonl", "mtgeneval", "generated"]
+DataFormat = Literal["pairs", "tsv", "csv", "jsonl", "parquet", "arrow", "mtgeneval", "generated"]
 
 REQUIRED_BY_FORMAT = {
     "pairs": ("source", "target"),
     "tsv": ("path",),
     "csv": ("path",),
     "jsonl": ("path",),
+    "parquet": ("path",),
+    "arrow": ("path",),
     "mtgeneval": ("path",),
     "generated": (),
 }
@@ -435,25 +437,31 @@ class DataSource(Model):
         ...,
         description=(
             "pairs: line-aligned source/target files (optionally .gz); tsv/csv: one file with named "
-            "columns; jsonl: one object per line; mtgeneval: an MT-GenEval directory of "
+            "columns; jsonl: one object per line; parquet: a Parquet file or a directory of them (the "
+            "hub's dataset format); arrow: a directory that Hugging Face datasets' save_to_disk wrote; "
+            "mtgeneval: an MT-GenEval directory of "
             "masculine/feminine counterfactual pairs; generated: the built-in demo corpus."
         ),
     )
     source: Optional[str] = Field(None, max_length=PATH_MAX, description="pairs: source-language file.")
     target: Optional[str] = Field(None, max_length=PATH_MAX, description="pairs: target-language file.")
     path: Optional[str] = Field(
-        None, max_length=PATH_MAX, description="tsv/csv/jsonl file, or the mtgeneval directory.")
+        None, max_length=PATH_MAX,
+        description="tsv/csv/jsonl/parquet file, the parquet or arrow directory, or the mtgeneval directory.")
     source_column: str = Field(
-        "source", max_length=NAME_MAX, description="tsv/csv column or jsonl field of the source text.")
+        "source", max_length=NAME_MAX,
+        description="tsv/csv column or jsonl field of the source text; parquet/arrow: a column, or a "
+                    "struct's field as translation.en.")
     target_column: str = Field(
-        "target", max_length=NAME_MAX, description="tsv/csv column or jsonl field of the target text.")
+        "target", max_length=NAME_MAX, description="As sourceColumn, for the target text (e.g. translation.de).")
     lang_column: Optional[str] = Field(
         None, max_length=NAME_MAX, description="tsv/csv column or jsonl field naming each row's target language."
     )
     target_lang: Optional[LanguageCode] = Field(
         None, description="Target language of this source; required when spec.data has several."
     )
-    split: str = Field("dev", max_length=NAME_MAX, description="mtgeneval: which split's files to read.")
+    split: str = Field("dev", max_length=NAME_MAX,
+                       description="mtgeneval: which split's files to read; arrow: which split of a DatasetDict.")
     size: int = Field(20000, ge=1, description="generated: number of sentence pairs.")
     seed: int = Field(0, description="generated: corpus seed (different seeds, disjoint splits).")
     limit: Optional[int] = Field(None, ge=1, description="Read at most this many pairs.")

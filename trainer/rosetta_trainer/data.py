@@ -377,8 +377,22 @@ def _read_generated_articles(src: DataSource, data: DataSpec) -> list[Example]:
     return [Example(article, summary, lang) for article, summary in corpus.generate_articles(size, src.seed)]
 
 
+def _read_parquet(src: DataSource, data: DataSpec) -> list[Example]:
+    from rosetta_trainer.columnar import read_parquet  # pyarrow only when a spec has such a source
+
+    return read_parquet(src, data)
+
+
+def _read_saved_dataset(src: DataSource, data: DataSpec) -> list[Example]:
+    from rosetta_trainer.columnar import read_saved_dataset
+
+    return read_saved_dataset(src, data)
+
+
 _READERS = {
     "pairs": _read_pairs,
+    "parquet": _read_parquet,
+    "arrow": _read_saved_dataset,
     "tsv": _read_table,
     "csv": _read_table,
     "jsonl": _read_jsonl,
