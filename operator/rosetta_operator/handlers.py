@@ -699,7 +699,8 @@ def evaluation_changed(event: Mapping, body: kopf.Body, namespace: str, memo: ko
     name = job["metadata"]["name"]
     pods: list[dict] = []
     conditions = (job.get("status") or {}).get("conditions") or []
-    if any(c.get("type") == "Complete" and c.get("status") == st.TRUE for c in conditions):
+    # Finished: its pods' termination messages hold the scores, or why it failed (a source not there).
+    if any(c.get("type") in ("Complete", "Failed") and c.get("status") == st.TRUE for c in conditions):
         try:
             listed = kubernetes.client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=f"job-name={name}")
             pods = [api.sanitize_for_serialization(p) for p in listed.items]

@@ -503,6 +503,25 @@ def staging_credentials_env(spec: TranslationTrainingSpec) -> list[dict]:
             for key, optional in S3_SECRET_KEYS]
 
 
+def stage_container(spec: TranslationTrainingSpec, names: Names, mounts: list[dict]) -> dict:
+    """`rosetta stage` in the trainer image: the stage job's container, and in mode evaluate the
+    evaluation pod's init container."""
+    env = [{"name": "ROSETTA_TRAINING", "value": names.training},
+           {"name": "ROSETTA_CONFIG", "value": f"{CONFIG_DIR}/{CONFIG_KEY}"},
+           {"name": "CUDA_VISIBLE_DEVICES", "value": ""}]
+    container = {
+        "name": STAGE_JOB, "image": spec.image,
+        "command": ["python", "-m", "rosetta_trainer", "stage", "-f", "$(ROSETTA_CONFIG)"],
+        "env": env + staging_credentials_env(spec) + user_env(spec), "resources": STAGE_RESOURCES,
+        "securityContext": container_security_context(),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": mounts,
+    }
+    if spec.image_pull_policy:
+        container["imagePullPolicy"] = spec.image_pull_policy
+    return container
+
+
 def stage_job(spec: TranslationTrainingSpec, names: Names, labels: dict, pod_volumes: list[dict],
               mounts: list[dict]) -> dict | None:
     """The replicated job that runs `rosetta stage` once before the gang; None without a source."""
@@ -510,27 +529,14 @@ def stage_job(spec: TranslationTrainingSpec, names: Names, labels: dict, pod_vol
         return None
     keep = {v["name"] for v in pod_volumes if v["name"] != "dshm"}
     node_selector, tolerations = scheduling(spec)  # wherever the gang may run, the stage pod may too
-    env = [{"name": "ROSETTA_TRAINING", "value": names.training},
-           {"name": "ROSETTA_CONFIG", "value": f"{CONFIG_DIR}/{CONFIG_KEY}"},
-           {"name": "CUDA_VISIBLE_DEVICES", "value": ""}]
-    env += staging_credentials_env(spec) + user_env(spec)
     pod: dict[str, Any] = {
         "restartPolicy": "Never",
         "enableServiceLinks": False,
         "automountServiceAccountToken": spec.pod_security.automount_service_account_token,
         "securityContext": pod_security_context(spec),
-        "containers": [{
-            "name": STAGE_JOB, "image": spec.image,
-            "command": ["python", "-m", "rosetta_trainer", "stage", "-f", "$(ROSETTA_CONFIG)"],
-            "env": env, "resources": STAGE_RESOURCES,
-            "securityContext": container_security_context(),
-            "terminationMessagePolicy": "FallbackToLogsOnError",
-            "volumeMounts": [m for m in mounts if m["name"] in keep],
-        }],
+        "containers": [stage_container(spec, names, [m for m in mounts if m["name"] in keep])],
         "volumes": [v for v in pod_volumes if v["name"] in keep],
     }
-    if spec.image_pull_policy:
-        pod["containers"][0]["imagePullPolicy"] = spec.image_pull_policy
     if spec.service_account_name:
         pod["serviceAccountName"] = spec.service_account_name
     if spec.image_pull_secrets:
@@ -640,18 +646,27 @@ def _render_evaluation_job(name: str, namespace: str, spec: TranslationTrainingS
         if vol:
             env.append({"name": var, "value": vol.mount_path})
     env += user_env(spec)
+    volume_mounts = [m for m in mounts if m["name"] in keep]
+    init_containers = []
+    if spec.mode == "evaluate" and staging_sources(spec):
+        # One pod, so no stage job of its own: the copy runs first, in the same pod.
+        init_containers = [stage_container(spec, names, volume_mounts)]
+        env += offline_env(spec)
     labels = {**BASE_LABELS, EVALUATION_LABEL: label_value(name)}
     return _render_template(
         "evaluation-job.yaml.j2", spec=spec, job_name=evaluation_job_name(name), namespace=namespace,
         labels=labels, annotations=annotations, owner_references=owner_references(owner),
-        pod_failure_policy={"rules": [{"action": "Ignore",
+        pod_failure_policy={"rules": [*([{"action": "FailJob", "onExitCodes": {
+                                           "containerName": STAGE_JOB, "operator": "In", "values": [DATA_INVALID_EXIT]}}]
+                                         if init_containers else []),
+                                      {"action": "Ignore",
                                        "onPodConditions": [{"type": DISRUPTION_TARGET, "status": "True"}]}]},
         automount_token=spec.pod_security.automount_service_account_token,
         image_pull_secrets=[{"name": s} for s in spec.image_pull_secrets],
         security_context=pod_security_context(spec), container_security_context=container_security_context(),
         command=evaluation_command(spec, output, config), env=env, resources=pod_resources,
-        node_selector=placement[0], tolerations=placement[1],
-        volume_mounts=[m for m in mounts if m["name"] in keep], volumes=[v for v in pod_volumes if v["name"] in keep],
+        node_selector=placement[0], tolerations=placement[1], init_containers=init_containers,
+        volume_mounts=volume_mounts, volumes=[v for v in pod_volumes if v["name"] in keep],
     )
 
 

@@ -401,7 +401,9 @@ def data_invalid_message(pods: Iterable[Mapping]) -> Optional[str]:
     """`pod mt-node-0-0: train.de:17: not UTF-8 text …` when a container of these pods ended with
     the trainer's data error in its termination message (data_checks.report_data_invalid)."""
     for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("name") or ""):
-        for container in (pod.get("status") or {}).get("containerStatuses") or []:
+        pod_status = pod.get("status") or {}
+        # Init containers too: in mode evaluate, `rosetta stage` runs as one.
+        for container in (pod_status.get("initContainerStatuses") or []) + (pod_status.get("containerStatuses") or []):
             for state in (container.get("state"), container.get("lastState")):
                 message = ((state or {}).get("terminated") or {}).get("message") or ""
                 if message.startswith(TERMINATION_PREFIX):
@@ -643,7 +645,8 @@ def observe_evaluation(job: Mapping, pods: Iterable[Mapping], previous: Optional
         return evaluation, Cond(ConditionType.EVALUATED, TRUE, Reason.EVALUATION_SUCCEEDED, truncate(message))
     if failed is not None:
         evaluation["phase"] = EvaluationPhase.FAILED
-        evaluation["message"] = truncate(failed.get("message") or failed.get("reason") or "the Job failed")
+        evaluation["message"] = truncate(data_invalid_message(pods) or failed.get("message") or failed.get("reason")
+                                         or "the Job failed")
         return evaluation, Cond(ConditionType.EVALUATED, FALSE, Reason.EVALUATION_FAILED,
                                 f"Job {name}: {evaluation['message']} (kubectl logs job/{name})")
     running = bool(status.get("active"))

@@ -70,3 +70,20 @@ def test_a_missing_source_fails_the_training_without_starting_the_gang(live_clus
     assert "no objects under this prefix" in got["message"]
     assert not got.get("restarts")
     assert [p for p in live_cluster.pods(ns, name) if p.metadata.labels.get(STAGE) == "node"] == []
+
+
+def test_in_mode_evaluate_the_evaluation_pod_stages_in_an_init_container(live_cluster, live_namespace,
+                                                                         live_operator):
+    ns, name = live_namespace, "evaluate-staged"
+    doc = staged_doc(ns, name)
+    doc["spec"]["mode"] = "evaluate"
+    doc["spec"].pop("training", None)
+    provision(live_cluster, ns, doc)
+    live_cluster.create_training(ns, doc)
+    pod = wait_for(lambda: (p := [x for x in live_cluster.core.list_namespaced_pod(
+        ns, label_selector=f"job-name={name}-eval").items if x.status.phase == "Running"]) and p[0],
+        "the evaluation pod running", WAIT)
+    (init,) = pod.spec.init_containers
+    assert init.name == "stage" and init.command[3] == "stage"
+    assert {e.name: e.value for e in pod.spec.containers[0].env}["HF_HUB_OFFLINE"] == "1"
+    assert jobset(live_cluster, ns, name) is None

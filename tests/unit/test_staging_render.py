@@ -169,3 +169,44 @@ def test_progress_is_read_from_the_gang_not_from_the_stage_pod():
                                         "jobset.sigs.k8s.io/replicatedjob-name": job},
                              "annotations": {"batch.kubernetes.io/job-completion-index": "0"}}}
     assert _is_rank0(pod("node"), NAME) and not _is_rank0(pod(STAGE_JOB), NAME)
+
+
+# ---------------------------------------------------------------------------- mode evaluate
+
+
+EVALUATE = {
+    "mode": "evaluate",
+    "model": {"name": "/models/flan-t5-small", "source": {"uri": "hf://google/flan-t5-small"}},
+    "data": {"sourceLang": "en", "targetLangs": ["de"],
+             "test": [{"format": "jsonl", "path": "/models/test.de.jsonl"}]},
+    "volumes": [MODELS],
+}
+
+
+def test_in_mode_evaluate_the_evaluation_pod_stages_first_in_an_init_container():
+    from rosetta_operator.render import render_evaluation_job
+
+    job = render_evaluation_job(NAME, NS, parse_spec(copy.deepcopy(EVALUATE)))
+    pod = job["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    assert init["name"] == STAGE_JOB and init["command"][3] == "stage"
+    assert {m["mountPath"] for m in init["volumeMounts"]} == {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["HF_HUB_OFFLINE"] == "1"
+    rules = job["spec"]["podFailurePolicy"]["rules"]
+    assert rules[0] == {"action": "FailJob", "onExitCodes": {"containerName": STAGE_JOB, "operator": "In",
+                                                             "values": [DATA_INVALID_EXIT]}}
+    plain = render_evaluation_job(NAME, NS, parse_spec({**copy.deepcopy(EVALUATE),
+                                                        "model": {"name": "/models/flan-t5-small"}}))
+    assert "initContainers" not in plain["spec"]["template"]["spec"]
+
+
+def test_a_failed_staging_is_the_evaluation_s_failure_message():
+    job = {"metadata": {"name": f"{NAME}-eval"},
+           "status": {"conditions": [{"type": "Failed", "status": "True", "reason": "PodFailurePolicy",
+                                      "message": "Container stage for pod x failed with exit code 65"}]}}
+    pod = {"metadata": {"name": f"{NAME}-eval-abcde"}, "status": {"initContainerStatuses": [{"name": STAGE_JOB, "state": {
+        "terminated": {"exitCode": 65, "message": "DataInvalid: hf://google/flan-t5-small: RepositoryNotFoundError"}}}]}}
+    evaluation, cond = st.observe_evaluation(job, [pod], None)
+    assert evaluation["phase"] == "Failed"
+    assert evaluation["message"] == f"pod {NAME}-eval-abcde: hf://google/flan-t5-small: RepositoryNotFoundError"
