@@ -83,12 +83,25 @@ def translate(model, tokenizer, sources: list[str], *, generation: Generation, b
                         truncation=True, max_length=max_source_length).to(device)
         generated = model.generate(
             **enc, max_new_tokens=generation.budget(enc["input_ids"].shape[1]), synced_gpus=synced,
-            **generation.search_kwargs(),
+            **generation.search_kwargs(), **_growing_cache(model),
         )
         for i, text in zip(idx, tokenizer.batch_decode(generated, skip_special_tokens=True)):
             out[i] = text.strip()
     model.train(was_training)
     return out
+
+
+def _growing_cache(model) -> dict:
+    """generate() sizes its cache by config.num_hidden_layers, which T5Config takes from the encoder's
+    depth: a T5 with more decoder than encoder layers then indexes past the cache's last layer. A
+    cache that adds layers as they come fits any depth (a new one per call)."""
+    config = model.config
+    decoder = getattr(config, "num_decoder_layers", None)
+    if decoder is None or decoder <= getattr(config, "num_hidden_layers", decoder):
+        return {}
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+    return {"past_key_values": EncoderDecoderCache(DynamicCache(), DynamicCache())}
 
 
 def model_inputs(examples: list[Example], source_lang: str, use_prefix: bool) -> list[str]:
