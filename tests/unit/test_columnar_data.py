@@ -100,3 +100,15 @@ def test_a_device_is_not_read(tmp_path):
         pytest.skip("no /dev/zero here")
     with pytest.raises(DataError, match="a character device, not a regular file"):
         read({"format": "parquet", "path": "/dev/zero"})
+
+
+def test_a_glob_picks_one_split_of_files_kept_side_by_side(tmp_path):
+    pair = tmp_path / "opus-100" / "de-en"
+    pair.mkdir(parents=True)
+    for split, rows in (("train", WMT[:20]), ("validation", WMT[20:25]), ("test", WMT[25:])):
+        datasets.Dataset.from_list(rows).to_parquet(str(pair / f"{split}-00000-of-00001.parquet"))
+    source = {"format": "parquet", "path": str(pair / "train-*.parquet"), "sourceColumn": "translation.en",
+              "targetColumn": "translation.de"}
+    assert [e.source for e in read(source)] == [r["translation"]["en"] for r in WMT[:20]]
+    with pytest.raises(DataError, match="no file matches"):
+        read({**source, "path": str(pair / "dev-*.parquet")})

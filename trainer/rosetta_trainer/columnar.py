@@ -7,6 +7,7 @@ A column name may reach into a struct with dots, as the hub's translation datase
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import stat
@@ -20,14 +21,20 @@ BATCH_ROWS = 8192
 
 
 def read_parquet(src: DataSource, data: DataSpec) -> list[Example]:
-    """`path`: one .parquet file, or a directory whose .parquet files (any depth, in name order) are
-    read one after the other."""
+    """`path`: one .parquet file, a directory whose .parquet files (any depth, in name order) are
+    read one after the other, or a glob of files (`/data/opus-100/de-en/train-*.parquet`: the hub keeps
+    a dataset's splits side by side)."""
     import pyarrow.parquet as pq
 
-    root = _path(src.path)
-    files = sorted(root.rglob("*.parquet")) if root.is_dir() else [root]
-    if not files:
-        raise DataError(f"{src.path}: a directory with no .parquet file")
+    if glob.has_magic(src.path):
+        files = [Path(f) for f in sorted(glob.glob(os.path.expanduser(src.path)))]
+        if not files:
+            raise DataError(f"{src.path}: no file matches")
+    else:
+        root = _path(src.path)
+        files = sorted(root.rglob("*.parquet")) if root.is_dir() else [root]
+        if not files:
+            raise DataError(f"{src.path}: a directory with no .parquet file")
 
     def batches() -> Iterator[tuple[str, object]]:
         for file in files:

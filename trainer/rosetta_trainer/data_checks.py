@@ -29,6 +29,7 @@ training's DataInvalid condition instead of restarting the gang. Torch-free.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import logging
 import os
@@ -182,7 +183,10 @@ def unreachable(data: DataSpec) -> list[str]:
         for i, src in enumerate(getattr(data, split)):
             for name in REQUIRED_BY_FORMAT[src.format]:  # a format's required fields are its files
                 value = getattr(src, name)
-                if not Path(value).expanduser().exists():
+                if glob.has_magic(value) and src.format == "parquet":  # a pattern of files
+                    if not glob.glob(os.path.expanduser(value)):
+                        missing.append(f"spec.data.{split}[{i}].{name}: {value}")
+                elif not Path(value).expanduser().exists():
                     missing.append(f"spec.data.{split}[{i}].{name}: {value}")
     return missing
 
