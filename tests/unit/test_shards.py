@@ -189,3 +189,25 @@ def test_on_two_nodes_with_shared_storage_rank_0_writes(pairs, tokenizer, tmp_pa
     (_, path0, _, _, wrote0), (_, path1, _, _, wrote1) = _two_ranks(tmp_path, tokenizer, pairs, [root, root], 1)
     assert path0 == path1 and (wrote0, wrote1) == (True, False)
     assert [p.name for p in root.iterdir()] == [os.path.basename(path0)]
+
+
+def test_writing_new_data_removes_what_older_data_and_crashed_writers_left(pairs, tokenizer, tmp_path, caplog):
+    sources, targets = pairs
+    old = shards.prepare_corpus(tmp_path, tokenizer, sources[:300], targets[:300], 48, 48, ALONE).path
+    crashed = tmp_path / ".tmp-deadbeef-0000"
+    crashed.mkdir()
+    (crashed / "source_ids.npy").write_bytes(b"\0" * 100)
+    in_progress = tmp_path / ".tmp-cafe-1111"  # another node's write, still going
+    in_progress.mkdir()
+    hour_ago = shards.time.time() - shards.STALE_SECONDS - 60
+    os.utime(crashed, (hour_ago, hour_ago))
+    caplog.set_level("INFO", logger="rosetta_trainer.shards")
+
+    new = shards.prepare_corpus(tmp_path, tokenizer, sources, targets, 48, 48, ALONE).path
+    assert new != old and not old.exists() and not crashed.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([new.name, in_progress.name])
+    assert "prepared for other data or another tokenizer" in caplog.text
+    # Mapping what is there removes nothing.
+    in_progress.rmdir()
+    shards.prepare_corpus(tmp_path, tokenizer, sources, targets, 48, 48, ALONE)
+    assert [p.name for p in tmp_path.iterdir()] == [new.name]

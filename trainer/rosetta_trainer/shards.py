@@ -233,6 +233,34 @@ def write(directory: Path, tokenizer, sources: list[str], targets: list[str], ma
     return directory
 
 
+# A writer's temporary directory older than this was left by a crash, not by a write in progress.
+STALE_SECONDS = 3600
+
+
+def prune(root: Path, keep: str) -> int:
+    """Remove what `root` holds besides the directory `keep`: prepared directories of an earlier
+    corpus, tokenizer or settings (superseded: a run keys its data afresh at every start), and what
+    crashed writers left. Bytes freed. A directory that went from the training's shared volume
+    would otherwise stay there, one per data change, each as large as the corpus' ids."""
+    freed = 0
+    now = time.time()
+    for entry in Path(root).iterdir():
+        if entry.name == keep or not entry.is_dir() or entry.name.startswith(_SHARED_PROBE):
+            continue
+        hidden = entry.name.startswith((".tmp-", ".stale-"))
+        if hidden and now - entry.stat().st_mtime < STALE_SECONDS:
+            continue  # perhaps another node's write in progress
+        if not hidden and not is_complete(entry) and now - entry.stat().st_mtime < STALE_SECONDS:
+            continue
+        size = sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
+        shutil.rmtree(entry, ignore_errors=True)
+        if not entry.exists():
+            freed += size
+            log.info("removed %s (%.1f MB): %s", entry, size / 1e6,
+                     "left by a crashed write" if hidden else "prepared for other data or another tokenizer")
+    return freed
+
+
 def _fsync_tree(path: Path) -> None:
     for root, _dirs, files in os.walk(path):
         for name in files:
@@ -288,6 +316,7 @@ def prepare_corpus(root: Path, tokenizer, sources: list[str], targets: list[str]
         try:
             write(directory, tokenizer, sources, targets, max_source, max_target, key=key, workers=workers)
             wrote = True
+            prune(Path(root), keep=key)
         except Exception as exc:  # every rank must hear of it, not wait for a directory forever
             error = f"rank {world.rank} could not write {directory}: {type(exc).__name__}: {exc}"
             if not world.distributed:
