@@ -168,7 +168,8 @@ def pod_failure_policy() -> dict:
                        "onPodConditions": [{"type": DISRUPTION_TARGET, "status": "True"}]}]}
 
 
-STAGE_REFUSED_RULE = "stage-refused"
+# JobSet's webhook: a letter, then letters, digits, "_", "," or ":" (no "-").
+STAGE_REFUSED_RULE = "stage_refused"
 
 
 def failure_policy(spec: TranslationTrainingSpec) -> dict:

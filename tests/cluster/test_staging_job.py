@@ -80,10 +80,15 @@ def test_in_mode_evaluate_the_evaluation_pod_stages_in_an_init_container(live_cl
     doc["spec"].pop("training", None)
     provision(live_cluster, ns, doc)
     live_cluster.create_training(ns, doc)
+    # Accepted by the apiserver and placed by the scheduler (kwok's stages here do not play init
+    # containers through, so the pod stays in its init phase).
     pod = wait_for(lambda: (p := [x for x in live_cluster.core.list_namespaced_pod(
-        ns, label_selector=f"job-name={name}-eval").items if x.status.phase == "Running"]) and p[0],
-        "the evaluation pod running", WAIT)
+        ns, label_selector=f"job-name={name}-eval").items if x.spec.node_name]) and p[0],
+        "the evaluation pod scheduled", WAIT)
     (init,) = pod.spec.init_containers
     assert init.name == "stage" and init.command[3] == "stage"
     assert {e.name: e.value for e in pod.spec.containers[0].env}["HF_HUB_OFFLINE"] == "1"
     assert jobset(live_cluster, ns, name) is None
+    got = wait_for(lambda: (s := status(live_cluster, ns, name)).get("evaluation", {}).get("phase") == "Running" and s,
+                   "the evaluation Running", WAIT)
+    assert got["evaluation"]["jobName"] == f"{name}-eval"

@@ -5,6 +5,7 @@ tests/cluster/test_staging_cluster.py)."""
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 
@@ -125,8 +126,10 @@ def test_a_refused_source_fails_the_jobset_and_a_preemption_still_restarts_the_g
     refused = stage["podFailurePolicy"]["rules"][0]
     assert refused["action"] == "FailJob" and refused["onExitCodes"]["values"] == [DATA_INVALID_EXIT]
     rules = {r["name"]: r for r in render(NAME, NS, spec).jobset["spec"]["failurePolicy"]["rules"]}
-    assert rules["stage-refused"]["action"] == "FailJobSet"
-    assert rules["stage-refused"]["targetReplicatedJobs"] == [STAGE_JOB]
+    assert rules["stage_refused"]["action"] == "FailJobSet"
+    assert rules["stage_refused"]["targetReplicatedJobs"] == [STAGE_JOB]
+    # What JobSet's webhook accepts as a rule name (it refused "stage-refused").
+    assert all(re.fullmatch(r"[a-zA-Z]([a-zA-Z0-9_,:]*[a-zA-Z0-9_])?", name) for name in rules)
     assert rules["preemption"]["targetReplicatedJobs"] == ["node"]
 
 
