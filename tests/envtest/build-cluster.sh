@@ -201,4 +201,10 @@ for component in ${ROSETTA_CLUSTER_COMPONENTS:-etcd kubernetes jobset kueue kwok
   "build_$component"
 done
 cp "$HERE/versions.env" "$OUT/versions.env"
+# Every binary is stamped and kept: Go's compile cache (about 8 GB after Kubernetes) only speeds up
+# a rebuild, which a version change does anyway from the module cache. Dropped so that the disk
+# holds the images and the node's store instead.
+if [ -d "$GOCACHE" ] && [ -n "$(ls -A "$GOCACHE" 2>/dev/null)" ]; then
+  go clean -cache
+fi
 log "cluster binaries ready in $OUT/bin ($(( $(date +%s) - started )) s)"
