@@ -240,3 +240,33 @@ def test_a_training_on_a_dirty_corpus_reports_what_it_dropped(tmp_path):
     assert summary["steps"] == 6
     assert summary["data"] == expected
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["data"] == expected
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "pairs"])
+def test_counting_streams_each_source_without_holding_it(tmp_path, fmt):
+    """`rosetta validate` (read_checked(keep=False)) on a corpus larger than what it may hold: its
+    peak Python memory stays far below the text's size (without the duplicate check, whose digests
+    are the one thing that grows with the corpus)."""
+    import tracemalloc
+
+    pairs = [(f"{s} number {i}", f"{t} Nummer {i}") for i, (s, t) in enumerate(generate_pairs("de", 2000, seed=4) * 50)]
+    if fmt == "jsonl":
+        path = tmp_path / "train.jsonl"
+        path.write_text("".join(json.dumps({"source": s, "target": t}) + "\n" for s, t in pairs))
+        sources = [{"format": "jsonl", "path": str(path)}]
+        size = path.stat().st_size
+    else:
+        (tmp_path / "train.en").write_text("".join(s + "\n" for s, _ in pairs))
+        (tmp_path / "train.de").write_text("".join(t + "\n" for _, t in pairs))
+        sources = [{"format": "pairs", "source": str(tmp_path / "train.en"), "target": str(tmp_path / "train.de")}]
+        size = sum((tmp_path / f"train.{x}").stat().st_size for x in ("en", "de"))
+    data = DataSpec.model_validate({"sourceLang": "en", "targetLangs": ["de"], "train": sources,
+                                    "checks": {"dropDuplicates": False}})
+    tracemalloc.start()
+    try:
+        checked = read_checked(data, keep=False)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert checked.reports["train"].read == len(pairs) == 100_000
+    assert size > 5_000_000 and peak < size / 5, (peak, size)

@@ -20,7 +20,7 @@ from rosetta_trainer.data import DataError, Example, _file_kind, _path, _single_
 BATCH_ROWS = 8192
 
 
-def read_parquet(src: DataSource, data: DataSpec) -> list[Example]:
+def iter_parquet(src: DataSource, data: DataSpec) -> Iterator[Example]:
     """`path`: one .parquet file, a directory whose .parquet files (any depth, in name order) are
     read one after the other, or a glob of files (`/data/opus-100/de-en/train-*.parquet`: the hub keeps
     a dataset's splits side by side)."""
@@ -49,7 +49,7 @@ def read_parquet(src: DataSource, data: DataSpec) -> list[Example]:
     return _examples(src, data, batches())
 
 
-def read_saved_dataset(src: DataSource, data: DataSpec) -> list[Example]:
+def iter_saved_dataset(src: DataSource, data: DataSpec) -> Iterator[Example]:
     """`path`: what `Dataset.save_to_disk` wrote (state.json beside data-*.arrow), or what
     `DatasetDict.save_to_disk` wrote (dataset_dict.json, one such directory per split; `split`
     picks one)."""
@@ -145,24 +145,24 @@ def _column(batch, name: str, where: str) -> list:
     return array.to_pylist()
 
 
-def _examples(src: DataSource, data: DataSpec, batches: Iterator[tuple[str, object]]) -> list[Example]:
+def _examples(src: DataSource, data: DataSpec, batches: Iterator[tuple[str, object]]) -> Iterator[Example]:
     fixed = None if src.lang_column and not src.target_lang else _single_lang(src, data, src.path)
-    out: list[Example] = []
+    n = 0  # examples yielded
     rows_before: dict[str, int] = {}  # per file: rows of its earlier batches
     for where, batch in batches:
         first = rows_before.get(where, 0)
         rows_before[where] = first + batch.num_rows
         columns = [_column(batch, name, where) for name in _wanted(src, fixed)]
         for row, values in enumerate(zip(*columns), first):
-            if src.limit is not None and len(out) == src.limit:
-                return out
+            if src.limit is not None and n == src.limit:
+                return
             source, target = values[0], values[1]
             if source is None or target is None:
                 side = src.source_column if source is None else src.target_column
                 raise DataError(f"{where}: row {row}: {side!r} is null, not text")
             lang = fixed or (values[2] or "").strip()
             if lang in data.target_langs:
-                out.append(Example(source, target, lang))
-    if not out and not fixed:
+                yield Example(source, target, lang)
+                n += 1
+    if not n and not fixed:
         raise DataError(f"{src.path}: no row has a {src.lang_column!r} in targetLangs {data.target_langs}")
-    return out

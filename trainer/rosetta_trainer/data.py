@@ -86,11 +86,17 @@ def read_split(data: DataSpec, split: Literal["train", "validation", "test"]) ->
 
 def read_source(src: DataSource, data: DataSpec) -> list[Example]:
     """The examples of one DataSource, at most `src.limit` of them."""
-    reader = _READERS[src.format]
-    examples = reader(src, data)
-    if data.task != "translation":
-        examples = [replace(e, task=data.task) for e in examples]
-    return examples
+    return list(iter_source(src, data))
+
+
+def iter_source(src: DataSource, data: DataSpec) -> Iterator[Example]:
+    """read_source one example at a time: the large-corpus formats stream (`rosetta validate` holds
+    no whole source); MT-GenEval and the generated corpus are read whole, being small."""
+    streamed = _STREAMED.get(src.format)
+    examples = streamed(src, data) if streamed else iter(_READERS[src.format](src, data))
+    if data.task == "translation":
+        return examples
+    return (replace(e, task=data.task) for e in examples)
 
 
 # ------------------------------------------------------------------------ helpers
@@ -203,31 +209,31 @@ def _source_langs(src: DataSource, data: DataSpec) -> list[str]:
 # ------------------------------------------------------------------------ readers
 
 
-def _read_pairs(src: DataSource, data: DataSpec) -> list[Example]:
+def _iter_pairs(src: DataSource, data: DataSpec) -> Iterator[Example]:
     source_path, target_path = _path(src.source), _path(src.target)
     lang = _single_lang(src, data, src.source)
     sources, targets = _lines(source_path), _lines(target_path)
-    out: list[Example] = []
+    n = 0  # examples yielded
     try:
         # With a limit only the lines read are checked, so a quick run on the head of a huge
         # corpus does not pay for counting the rest of it.
         for s, t in zip_longest(sources, targets):
             if s is None or t is None:
-                n_source = len(out) + (s is not None) + sum(1 for _ in sources)
-                n_target = len(out) + (t is not None) + sum(1 for _ in targets)
+                n_source = n + (s is not None) + sum(1 for _ in sources)
+                n_target = n + (t is not None) + sum(1 for _ in targets)
                 raise DataError(
                     f"line counts differ: {src.source} has {n_source} lines, {src.target} has {n_target}"
                 )
-            if src.limit is not None and len(out) == src.limit:
+            if src.limit is not None and n == src.limit:
                 break
-            out.append(Example(s, t, lang))
+            yield Example(s, t, lang)
+            n += 1
     finally:
         sources.close()
         targets.close()
-    return out
 
 
-def _read_table(src: DataSource, data: DataSpec) -> list[Example]:
+def _iter_table(src: DataSource, data: DataSpec) -> Iterator[Example]:
     path = _path(src.path)
     if src.format == "tsv":
         dialect = dict(delimiter="\t", quoting=csv.QUOTE_NONE)
@@ -235,7 +241,7 @@ def _read_table(src: DataSource, data: DataSpec) -> list[Example]:
         dialect = dict(delimiter=",", quotechar='"', doublequote=True, strict=True)
     lines = _raw_lines(path)
     reader = csv.reader(lines, **dialect)
-    out: list[Example] = []
+    n = 0  # examples yielded
     try:
         header = [name.strip() for name in next(reader, [])]
         if not header:
@@ -252,7 +258,7 @@ def _read_table(src: DataSource, data: DataSpec) -> list[Example]:
         l_i = header.index(src.lang_column) if src.lang_column and not src.target_lang else None
         fixed = None if l_i is not None else _single_lang(src, data, src.path)
         for row in reader:
-            if src.limit is not None and len(out) == src.limit:
+            if src.limit is not None and n == src.limit:
                 break
             if not row or row == [""]:
                 continue  # a blank line, typically the last one
@@ -260,23 +266,23 @@ def _read_table(src: DataSource, data: DataSpec) -> list[Example]:
                 raise DataError(f"{src.path}:{reader.line_num}: {len(row)} fields, the header has {len(header)}")
             lang = fixed or row[l_i].strip()
             if lang in data.target_langs:
-                out.append(Example(row[s_i], row[t_i], lang))
+                yield Example(row[s_i], row[t_i], lang)
+                n += 1
     except csv.Error as exc:
         raise DataError(f"{src.path}:{reader.line_num}: {exc}") from None
     finally:
         lines.close()
-    if not out and fixed is None:
+    if not n and fixed is None:
         raise DataError(f"{src.path}: no row has a {src.lang_column!r} in targetLangs {data.target_langs}")
-    return out
 
 
-def _read_jsonl(src: DataSource, data: DataSpec) -> list[Example]:
+def _iter_jsonl(src: DataSource, data: DataSpec) -> Iterator[Example]:
     path = _path(src.path)
     fixed = None if src.lang_column and not src.target_lang else _single_lang(src, data, src.path)
     fields = [src.source_column, src.target_column] + ([] if fixed else [src.lang_column])
-    out: list[Example] = []
+    n = 0  # examples yielded
     for lineno, line in enumerate(_lines(path), 1):
-        if src.limit is not None and len(out) == src.limit:
+        if src.limit is not None and n == src.limit:
             break
         if not line.strip():
             continue
@@ -299,10 +305,10 @@ def _read_jsonl(src: DataSource, data: DataSpec) -> list[Example]:
                 raise DataError(f"{src.path}:{lineno}: field {name!r} is {type(obj[name]).__name__}, not a string")
         lang = fixed or obj[src.lang_column].strip()
         if lang in data.target_langs:
-            out.append(Example(obj[src.source_column], obj[src.target_column], lang))
-    if not out and not fixed:
+            yield Example(obj[src.source_column], obj[src.target_column], lang)
+            n += 1
+    if not n and not fixed:
         raise DataError(f"{src.path}: no line has a {src.lang_column!r} in targetLangs {data.target_langs}")
-    return out
 
 
 def _mtgeneval_files(root: Path, split: str, lang: str) -> dict[tuple[str, str], Path]:
@@ -377,25 +383,27 @@ def _read_generated_articles(src: DataSource, data: DataSpec) -> list[Example]:
     return [Example(article, summary, lang) for article, summary in corpus.generate_articles(size, src.seed)]
 
 
-def _read_parquet(src: DataSource, data: DataSpec) -> list[Example]:
-    from rosetta_trainer.columnar import read_parquet  # pyarrow only when a spec has such a source
+def _iter_parquet(src: DataSource, data: DataSpec) -> Iterator[Example]:
+    from rosetta_trainer.columnar import iter_parquet  # pyarrow only when a spec has such a source
 
-    return read_parquet(src, data)
-
-
-def _read_saved_dataset(src: DataSource, data: DataSpec) -> list[Example]:
-    from rosetta_trainer.columnar import read_saved_dataset
-
-    return read_saved_dataset(src, data)
+    return iter_parquet(src, data)
 
 
+def _iter_saved_dataset(src: DataSource, data: DataSpec) -> Iterator[Example]:
+    from rosetta_trainer.columnar import iter_saved_dataset
+
+    return iter_saved_dataset(src, data)
+
+
+_STREAMED = {
+    "pairs": _iter_pairs,
+    "parquet": _iter_parquet,
+    "arrow": _iter_saved_dataset,
+    "tsv": _iter_table,
+    "csv": _iter_table,
+    "jsonl": _iter_jsonl,
+}
 _READERS = {
-    "pairs": _read_pairs,
-    "parquet": _read_parquet,
-    "arrow": _read_saved_dataset,
-    "tsv": _read_table,
-    "csv": _read_table,
-    "jsonl": _read_jsonl,
     "mtgeneval": _read_mtgeneval,
     "generated": _read_generated,
 }

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config import REQUIRED_BY_FORMAT, DataSpec
-from .data import DataError, Example, read_source
+from .data import DataError, Example, iter_source
 
 FILTERS = ("empty", "length_ratio", "test_overlap", "duplicate")
 EVAL_SPLITS = ("validation", "test")
@@ -103,7 +103,8 @@ def _pairs(n: int) -> str:
 
 def read_checked(data: DataSpec, keep: bool = True) -> CheckedData:
     """Every split read and checked. `keep=False` only counts (`rosetta validate` on big corpora):
-    one source at a time is in memory, and 8 bytes per distinct training pair."""
+    the sources stream through (no file is held whole), leaving 8 bytes per distinct training pair
+    and the validation and test sources."""
     checks = data.checks
     ratio = checks.max_length_ratio if data.task == "translation" else None
     reports = {split: SplitReport() for split in ("train", *EVAL_SPLITS)}
@@ -113,7 +114,7 @@ def read_checked(data: DataSpec, keep: bool = True) -> CheckedData:
     for split in EVAL_SPLITS:
         report = reports[split]
         for src in getattr(data, split):
-            for ex in read_source(src, data):
+            for ex in iter_source(src, data):
                 report.read += 1
                 source = ex.source.strip()
                 if src.format != "generated" and (not source or not ex.target.strip()):
@@ -126,7 +127,7 @@ def read_checked(data: DataSpec, keep: bool = True) -> CheckedData:
     report, seen = reports["train"], set()
     for src in data.train:
         checked = src.format != "generated"
-        for ex in read_source(src, data):
+        for ex in iter_source(src, data):
             report.read += 1
             reason = checked and _rejected(ex, ratio, held_out if checks.drop_test_overlap else None,
                                            seen if checks.drop_duplicates else None)
