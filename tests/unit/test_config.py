@@ -60,7 +60,7 @@ def test_minimal_document_gets_defaults():
     ({"data": {"sourceLang": "en", "targetLangs": ["en"]}}, "spec.data", "source language"),
     ({"data": {"sourceLang": "en", "targetLangs": ["de"], "train": [{"format": "pairs", "source": "a"}]}},
      "spec.data.train[0]", "'target'"),
-    ({"data": {"sourceLang": "en", "targetLangs": ["de"], "train": [{"format": "parquet"}]}},
+    ({"data": {"sourceLang": "en", "targetLangs": ["de"], "train": [{"format": "xlsx"}]}},
      "spec.data.train[0].format", "pairs"),
     ({"data": {"sourceLang": "en", "targetLangs": ["de", "fr"],
                "train": [{"format": "pairs", "source": "a", "target": "b"}]}}, "spec.data", "targetLang is required"),
