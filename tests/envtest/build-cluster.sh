@@ -147,6 +147,14 @@ build_kueue() {
 }
 build_kwok() {
   build_module kwok "$KWOK_VERSION" sigs.k8s.io/kwok sigs.k8s.io/kwok/cmd/kwok kwok "" kustomize/stage
+  # kwok's own CRDs (Logs for the log node of tests/cluster/test_cli_verbs.py), checked apart from the
+  # stamp so that a cache built before they were needed gets them too.
+  if [ ! -f "$OUT/manifests/kwok/crd/kwok.x-k8s.io_logs.yaml" ]; then
+    local src; src=$(module_dir "sigs.k8s.io/kwok@$KWOK_VERSION")
+    mkdir -p "$OUT/manifests/kwok/crd"
+    cp "$src"/kustomize/crd/bases/*.yaml "$OUT/manifests/kwok/crd/"
+    chmod -R u+w "$OUT/manifests/kwok/crd"
+  fi
 }
 build_helm() {
   build_module helm "$HELM_VERSION" helm.sh/helm/v3 helm.sh/helm/v3/cmd/helm helm \
