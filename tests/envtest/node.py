@@ -259,8 +259,7 @@ state = '{STATE / "state"}'
                     self._ctr("images", "rm", "--sync", _qualified(name), timeout=600)
             save = subprocess.Popen([docker, "save", ref], stdout=subprocess.PIPE)
             try:
-                # The unpacked snapshot is what runs; the layer blobs (as large again) are not kept.
-                self._ctr("images", "import", "--discard-unpacked-layers", "-", stdin=save.stdout, timeout=1800)
+                self._ctr("images", "import", "-", stdin=save.stdout, timeout=1800)
             finally:
                 save.stdout.close()
                 if save.wait() != 0:
