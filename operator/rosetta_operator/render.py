@@ -479,7 +479,14 @@ def render(name: str, namespace: str, spec: TranslationTrainingSpec, owner: dict
 
 
 def staging_sources(spec: TranslationTrainingSpec) -> list:
-    return [s for s in (spec.model.source, spec.data.source) if s is not None]
+    return [source for _, source in spec.staging_sources()]
+
+
+def stage_refused_rule() -> dict:
+    """The pod failure policy rule that fails a Job at once when `rosetta stage` exits with the
+    data-error code (a source that is not there): retrying would only ask again."""
+    return {"action": "FailJob", "onExitCodes": {"containerName": STAGE_JOB, "operator": "In",
+                                                 "values": [DATA_INVALID_EXIT]}}
 
 
 def offline_env(spec: TranslationTrainingSpec) -> list[dict]:
@@ -556,8 +563,7 @@ def stage_job(spec: TranslationTrainingSpec, names: Names, labels: dict, pod_vol
             # (rosetta stage's data-error exit) fails at once, and the operator reports it.
             "backoffLimit": 2,
             "podFailurePolicy": {"rules": [
-                {"action": "FailJob", "onExitCodes": {"containerName": STAGE_JOB, "operator": "In",
-                                                      "values": [DATA_INVALID_EXIT]}},
+                stage_refused_rule(),
                 {"action": "Ignore", "onPodConditions": [{"type": DISRUPTION_TARGET, "status": "True"}]}]},
             "template": {"metadata": {"labels": dict(labels),
                                       "annotations": {"kubectl.kubernetes.io/default-container": STAGE_JOB}},
@@ -657,9 +663,7 @@ def _render_evaluation_job(name: str, namespace: str, spec: TranslationTrainingS
     return _render_template(
         "evaluation-job.yaml.j2", spec=spec, job_name=evaluation_job_name(name), namespace=namespace,
         labels=labels, annotations=annotations, owner_references=owner_references(owner),
-        pod_failure_policy={"rules": [*([{"action": "FailJob", "onExitCodes": {
-                                           "containerName": STAGE_JOB, "operator": "In", "values": [DATA_INVALID_EXIT]}}]
-                                         if init_containers else []),
+        pod_failure_policy={"rules": [*([stage_refused_rule()] if init_containers else []),
                                       {"action": "Ignore",
                                        "onPodConditions": [{"type": DISRUPTION_TARGET, "status": "True"}]}]},
         automount_token=spec.pod_security.automount_service_account_token,

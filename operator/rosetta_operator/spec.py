@@ -650,9 +650,8 @@ class TranslationTrainingSpec(TrainerSpec):
     def _staged_onto_a_shared_volume(self):
         # The stage job is its own pod, gone before the gang starts: what it copies must be on a
         # volume that outlives it and that it may write.
-        for where, source in (("model.source", self.model.source), ("data.source", self.data.source)):
-            if source is not None:
-                self._check_staging(where, source)
+        for what, source in self.staging_sources():
+            self._check_staging(f"{what}.source", source)
         return self
 
     def _check_staging(self, where: str, source) -> None:

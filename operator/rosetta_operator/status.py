@@ -155,7 +155,7 @@ def expected_jobs(jobset: Mapping) -> int:
 
 
 def job_counts(jobset: Mapping) -> dict[str, int]:
-    """The gang's Jobs by state (the stage job's are staging_counts)."""
+    """The gang's Jobs by state (the stage job's: _stage_status)."""
     counts = {"ready": 0, "active": 0, "succeeded": 0, "failed": 0, "suspended": 0}
     for rjs in (jobset.get("status") or {}).get("replicatedJobsStatus") or []:
         if rjs.get("name") == STAGE_JOB:
@@ -165,13 +165,17 @@ def job_counts(jobset: Mapping) -> dict[str, int]:
     return counts
 
 
+def _stage_status(jobset: Mapping) -> Mapping:
+    """The stage job's entry of replicatedJobsStatus ({} before the controller wrote one)."""
+    return next((rjs for rjs in (jobset.get("status") or {}).get("replicatedJobsStatus") or []
+                 if rjs.get("name") == STAGE_JOB), {})
+
+
 def staging(jobset: Mapping) -> bool:
     """The JobSet has a stage job (model.source, data.source) that has not completed yet."""
     if not any(rj.get("name") == STAGE_JOB for rj in (jobset.get("spec") or {}).get("replicatedJobs") or []):
         return False
-    done = next((rjs for rjs in (jobset.get("status") or {}).get("replicatedJobsStatus") or []
-                 if rjs.get("name") == STAGE_JOB), {})
-    return int(done.get("succeeded") or 0) < 1
+    return int(_stage_status(jobset).get("succeeded") or 0) < 1
 
 
 def _jobset_conditions(running: Cond, suspended: Cond, succeeded: Cond, failed: Cond) -> tuple[Cond, ...]:
@@ -391,8 +395,7 @@ def shows_failure(jobset: Mapping, previous_restarts: Optional[int]) -> bool:
     why (the JobSet says only that a job failed). A preemption is no data error."""
     if _is_true(_jobset_condition(jobset, "Completed")):
         return False
-    stage_failed = any(rjs.get("name") == STAGE_JOB and int(rjs.get("failed") or 0) > 0
-                       for rjs in (jobset.get("status") or {}).get("replicatedJobsStatus") or [])
+    stage_failed = int(_stage_status(jobset).get("failed") or 0) > 0
     return (job_counts(jobset)["failed"] > 0 or stage_failed or _is_true(_jobset_condition(jobset, "Failed"))
             or restart_counts(jobset)[0] > int(previous_restarts or 0))
 

@@ -28,13 +28,24 @@ def pods_of(cluster, ns: str, name: str, job: str) -> list:
     return [p for p in running_pods(cluster, ns, name) if p.metadata.labels.get(STAGE) == job]
 
 
+def apply_staged(cluster, ns: str, name: str, **spec) -> None:
+    doc = staged_doc(ns, name)
+    doc["spec"].update(spec)
+    if doc["spec"].get("mode") == "evaluate":
+        doc["spec"].pop("training", None)
+    provision(cluster, ns, doc)
+    cluster.create_training(ns, doc)
+
+
+def running_stage_pod(cluster, ns: str, name: str):
+    (stage,) = wait_for(lambda: pods_of(cluster, ns, name, "stage"), "the stage pod running", WAIT)
+    return stage
+
+
 def test_the_gang_starts_only_after_the_stage_job_completed(live_cluster, live_namespace, live_operator):
     ns, name = live_namespace, "staged"
-    doc = staged_doc(ns, name)
-    provision(live_cluster, ns, doc)
-    live_cluster.create_training(ns, doc)
-
-    (stage,) = wait_for(lambda: pods_of(live_cluster, ns, name, "stage"), "the stage pod running", WAIT)
+    apply_staged(live_cluster, ns, name)
+    stage = running_stage_pod(live_cluster, ns, name)
     assert stage.spec.containers[0].command[3] == "stage"
     got = wait_for(lambda: (s := status(live_cluster, ns, name)).get("message", "").startswith("staging") and s,
                    "status saying it is staging", WAIT)
@@ -57,10 +68,8 @@ def test_the_gang_starts_only_after_the_stage_job_completed(live_cluster, live_n
 
 def test_a_missing_source_fails_the_training_without_starting_the_gang(live_cluster, live_namespace, live_operator):
     ns, name = live_namespace, "unstaged"
-    doc = staged_doc(ns, name)
-    provision(live_cluster, ns, doc)
-    live_cluster.create_training(ns, doc)
-    (stage,) = wait_for(lambda: pods_of(live_cluster, ns, name, "stage"), "the stage pod running", WAIT)
+    apply_staged(live_cluster, ns, name)
+    stage = running_stage_pod(live_cluster, ns, name)
     # What `rosetta stage` leaves when the prefix is empty: the data-error exit and message.
     live_cluster.end_pod(ns, stage.metadata.name, 65, "DataInvalid: s3://weights/t5-small: no objects under this prefix")
 
@@ -75,11 +84,7 @@ def test_a_missing_source_fails_the_training_without_starting_the_gang(live_clus
 def test_in_mode_evaluate_the_evaluation_pod_stages_in_an_init_container(live_cluster, live_namespace,
                                                                          live_operator):
     ns, name = live_namespace, "evaluate-staged"
-    doc = staged_doc(ns, name)
-    doc["spec"]["mode"] = "evaluate"
-    doc["spec"].pop("training", None)
-    provision(live_cluster, ns, doc)
-    live_cluster.create_training(ns, doc)
+    apply_staged(live_cluster, ns, name, mode="evaluate")
     # Accepted by the apiserver and placed by the scheduler (kwok's stages here do not play init
     # containers through, so the pod stays in its init phase).
     pod = wait_for(lambda: (p := [x for x in live_cluster.core.list_namespaced_pod(

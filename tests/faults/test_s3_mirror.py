@@ -22,7 +22,7 @@ import boto3
 import pytest
 import yaml
 
-from support.s3_server import FaultyProxy, moto_s3
+from support.s3_server import FaultyProxy, isolate_aws_env, moto_s3
 from support.training import TINY, deep_update, read_jsonl
 from rosetta_trainer import s3_mirror
 from rosetta_trainer.config import S3MirrorSpec
@@ -41,14 +41,7 @@ def s3_url():
 
 @pytest.fixture(autouse=True)
 def aws_env(monkeypatch, tmp_path):
-    # The standard chain, from env only: nothing of the machine's own AWS setup leaks in.
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
-                       "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
-                       "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials")}.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    isolate_aws_env(monkeypatch, tmp_path)
 
 
 @pytest.fixture

@@ -21,6 +21,18 @@ _ERROR_CODES = {500: "InternalError", 503: "SlowDown"}
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection"}
 
 
+def isolate_aws_env(monkeypatch, tmp_path) -> None:
+    """The standard AWS chain, from env only (moto's test credentials): nothing of the machine's own
+    AWS setup leaks in."""
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
+                       "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
+                       "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials")}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+
+
 @contextmanager
 def moto_s3():
     """An in-process moto S3 server on a free port; yields its base URL.

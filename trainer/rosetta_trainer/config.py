@@ -249,6 +249,18 @@ def _bucket_problem(value: str) -> Optional[str]:
     return None
 
 
+def _http_url(value: Optional[str]) -> Optional[str]:
+    if value is not None and not value.startswith(("http://", "https://")):
+        raise ValueError(f"'{value}' must be an http:// or https:// URL")
+    return value
+
+
+def _secret_name(value: Optional[str]) -> Optional[str]:
+    if value is not None and not _SECRET_NAME.match(value):
+        raise ValueError(f"'{value}' is not a valid Secret name (lowercase a-z, 0-9, '-' and '.')")
+    return value
+
+
 class StagingSpec(Model):
     """Where a model or corpus comes from on a cluster that cannot reach it from every pod: copied once
     into `path` on a shared volume by the JobSet's stage job before the gang starts (`rosetta run`:
@@ -293,19 +305,8 @@ class StagingSpec(Model):
             raise ValueError(f"'{_clip(value, 80)}' must be an absolute directory below / (no '..')")
         return value
 
-    @field_validator("endpoint_url")
-    @classmethod
-    def _http_url(cls, value: Optional[str]) -> Optional[str]:
-        if value is not None and not value.startswith(("http://", "https://")):
-            raise ValueError(f"'{_clip(value, 80)}' must be an http:// or https:// URL")
-        return value
-
-    @field_validator("credentials_secret")
-    @classmethod
-    def _secret_name(cls, value: Optional[str]) -> Optional[str]:
-        if value is not None and not _SECRET_NAME.match(value):
-            raise ValueError(f"'{_clip(value, 80)}' is not a valid Secret name (lowercase a-z, 0-9, '-' and '.')")
-        return value
+    _endpoint = field_validator("endpoint_url")(classmethod(lambda cls, value: _http_url(value)))
+    _secret = field_validator("credentials_secret")(classmethod(lambda cls, value: _secret_name(value)))
 
     @model_validator(mode="after")
     def _s3_options_for_s3(self):
@@ -705,19 +706,8 @@ class S3MirrorSpec(Model):
             raise ValueError(problem)
         return value
 
-    @field_validator("endpoint_url")
-    @classmethod
-    def _http_url(cls, value: Optional[str]) -> Optional[str]:
-        if value is not None and not value.startswith(("http://", "https://")):
-            raise ValueError(f"'{value}' must be an http:// or https:// URL")
-        return value
-
-    @field_validator("credentials_secret")
-    @classmethod
-    def _secret_name(cls, value: Optional[str]) -> Optional[str]:
-        if value is not None and not _SECRET_NAME.match(value):
-            raise ValueError(f"'{value}' is not a valid Secret name (lowercase a-z, 0-9, '-' and '.')")
-        return value
+    _endpoint = field_validator("endpoint_url")(classmethod(lambda cls, value: _http_url(value)))
+    _secret = field_validator("credentials_secret")(classmethod(lambda cls, value: _secret_name(value)))
 
     @property
     def bucket(self) -> str:
@@ -981,6 +971,11 @@ class TrainerSpec(Model):
     tracking: TrackingSpec = Field(
         default_factory=TrackingSpec, description="Weights & Biases and MLflow, optional; rank 0 logs."
     )
+
+    def staging_sources(self) -> list[tuple[str, "StagingSpec"]]:
+        """(what, source) for each of model.source and data.source the spec names, model first."""
+        return [(what, source) for what, source in (("model", self.model.source), ("data", self.data.source))
+                if source is not None]
 
     @model_validator(mode="wrap")
     @classmethod

@@ -37,19 +37,9 @@ def staged_from(path: Path) -> str | None:
         return None
 
 
-def sources(spec: TrainerSpec) -> list[tuple[str, StagingSpec]]:
-    """(what, source) for each source the spec names, model first."""
-    found = []
-    if spec.model.source is not None:
-        found.append(("model", spec.model.source))
-    if spec.data.source is not None:
-        found.append(("data", spec.data.source))
-    return found
-
-
 def stage_all(spec: TrainerSpec) -> list[dict]:
     """Stage every source of the spec; one summary per source."""
-    return [stage(source, what) for what, source in sources(spec)]
+    return [stage(source, what) for what, source in spec.staging_sources()]
 
 
 def stage(source: StagingSpec, what: str = "data", policy=None) -> dict:
@@ -94,7 +84,8 @@ def _copy_s3(source: StagingSpec, into: Path, policy=None) -> int:
     policy, counters = policy or s3_mirror.RetryPolicy(), s3_mirror.Counters()
     client = s3_mirror.make_client(source, policy)  # endpointUrl and region; credentials from the AWS chain
     try:
-        keys = s3_mirror.with_retries(f"listing {source.uri}", lambda: _keys(client, bucket, prefix), policy, counters)
+        keys = s3_mirror.with_retries(f"listing {source.uri}", lambda: s3_mirror._list_keys(
+            client, bucket, f"{prefix}/" if prefix else ""), policy, counters)
         keys = [k for k in keys if not k.endswith("/")]  # "folders" that consoles make
         if not keys:
             raise StagingError(f"{source.uri}: no objects under this prefix")
@@ -111,11 +102,6 @@ def _copy_s3(source: StagingSpec, into: Path, policy=None) -> int:
             raise  # still failing after the retries: the stage job's own retry may get through
         raise StagingError(str(exc)) from None  # refused (no bucket, no access): the same next time
     return len(keys)
-
-
-def _keys(client, bucket: str, prefix: str) -> list[str]:
-    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/" if prefix else "")
-    return [obj["Key"] for page in pages for obj in page.get("Contents") or []]
 
 
 # ------------------------------------------------------------------------------ hub
