@@ -65,8 +65,11 @@ def plan_epoch(
     batches: list[list[int]] = []
     current: list[int] = []
     longest_src = longest_tgt = 0
-    for i in order.tolist():
-        s, t = int(src_lengths[i]), int(tgt_lengths[i])
+    # Plain ints in sorted order: indexing numpy arrays one element at a time costs several times
+    # more, which at tens of millions of pairs is seconds of every epoch's start.
+    sorted_src = np.asarray(src_lengths)[order].tolist()
+    sorted_tgt = np.asarray(tgt_lengths)[order].tolist()
+    for i, s, t in zip(order.tolist(), sorted_src, sorted_tgt):
         if max_tokens is not None:
             cost = (len(current) + 1) * (max(longest_src, s) + max(longest_tgt, t))
             full = bool(current) and cost > max_tokens

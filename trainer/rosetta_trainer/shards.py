@@ -44,6 +44,8 @@ from pathlib import Path
 
 import numpy as np
 
+from rosetta_trainer.token_ids import Encoder
+
 FORMAT_VERSION = 1
 MARKER = "COMPLETE"
 PREPARED_DIR = "prepared"  # under the run's output directory
@@ -145,11 +147,9 @@ _JOB: tuple | None = None
 
 
 def _encode_range(bounds: tuple[int, int]):
-    tokenizer, sources, targets, max_source, max_target, dtype = _JOB
+    encoder, sources, targets, dtype = _JOB
     start, end = bounds
-    src = tokenizer(sources[start:end], truncation=True, max_length=max_source)["input_ids"]
-    tgt = tokenizer(text_target=targets[start:end], truncation=True, max_length=max_target)["input_ids"]
-    return _flatten(src, dtype), _flatten(tgt, dtype)
+    return _flatten(encoder.sources(sources[start:end]), dtype), _flatten(encoder.targets(targets[start:end]), dtype)
 
 
 def _flatten(seqs: list[list[int]], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -175,7 +175,7 @@ def tokenize(tokenizer, sources: list[str], targets: list[str], max_source: int,
     if workers is None:
         workers = 1 if len(sources) < PARALLEL_MIN_PAIRS else default_workers()
     workers = min(workers, len(bounds))
-    _JOB = (tokenizer, sources, targets, max_source, max_target, dtype)
+    _JOB = (Encoder(tokenizer, max_source, max_target, (sources, targets)), sources, targets, dtype)
     try:
         if workers <= 1:
             parts = [_encode_range(b) for b in bounds]
