@@ -68,3 +68,51 @@ def test_a_training_without_prepare_writes_the_data_once(write_config, tmp_path,
     caplog.clear()
     train_from_file(str(write_config()), str(out), overrides=["spec.training.maxSteps=6"], progress=False)
     assert "training data: mapped prepared 800 pairs" in caplog.text
+
+
+def test_a_restart_with_unchanged_files_maps_its_data_without_reading_the_training_text(
+        write_config, tmp_path, monkeypatch, caplog):
+    from rosetta_trainer import data_checks
+    from rosetta_trainer.corpus import generate_pairs
+
+    corpus = tmp_path / "train.tsv"
+    corpus.write_text("source\ttarget\n" + "".join(f"{s}\t{t}\n" for s, t in generate_pairs("de", 400, seed=1)) + " \tno source\n")
+    cfg = str(write_config({"data": {"train": [{"format": "tsv", "path": str(corpus)}]}}))
+    read = []
+    real_iter_source = data_checks.iter_source
+    monkeypatch.setattr(data_checks, "iter_source", lambda src, data: read.append(src.path) or real_iter_source(src, data))
+    caplog.set_level(logging.INFO, logger="rosetta_trainer.shards")
+    out = tmp_path / "run"
+
+    first = train_from_file(cfg, str(out), overrides=["spec.training.maxSteps=4"], progress=False)
+    counts = first["data"]["train"]
+    kept = counts["kept"]  # the generated pairs repeat some sentences: duplicates are dropped too
+    assert counts["read"] == 401 and counts["dropped"]["empty"] == 1
+    assert str(corpus) in read and f"tokenized and wrote {kept} pairs" in caplog.text
+    read.clear()
+    caplog.clear()
+    resumed = train_from_file(cfg, str(out), overrides=["spec.training.maxSteps=6"], progress=False)
+    assert resumed["resumed_from_step"] == 4
+    assert str(corpus) not in read  # only the validation split was read
+    assert "the training text was not read" in caplog.text
+    assert resumed["data"]["train"] == counts  # what the first start counted
+
+    # A changed file is read again, and keyed by its content.
+    with open(corpus, "a") as fh:
+        fh.write("one more line\tnoch eine Zeile\n")
+    read.clear()
+    caplog.clear()
+    again = train_from_file(cfg, str(out), overrides=["spec.training.maxSteps=8"], progress=False)
+    assert str(corpus) in read and f"tokenized and wrote {kept + 1} pairs" in caplog.text
+    assert again["data"]["train"]["kept"] == kept + 1
+    # An identical copy (new mtime, same text) is read, and maps the directory its content names.
+    copy = tmp_path / "copy.tsv"
+    copy.write_bytes(corpus.read_bytes())
+    cfg_copy = str(write_config({"data": {"train": [{"format": "tsv", "path": str(copy)}]}}, name="copy.yaml"))
+    read.clear()
+    caplog.clear()
+    train_from_file(cfg_copy, str(out), overrides=["spec.training.maxSteps=10"], progress=False)
+    assert str(copy) in read and f"mapped prepared {kept + 1} pairs" in caplog.text and "tokenized" not in caplog.text
+    read.clear()
+    train_from_file(cfg_copy, str(out), overrides=["spec.training.maxSteps=12"], progress=False)
+    assert str(copy) not in read

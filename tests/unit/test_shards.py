@@ -126,6 +126,18 @@ def test_a_pickled_corpus_reopens_its_files(pairs, tokenizer, tmp_path):
     assert again.sources[5].tolist() == corpus.sources[5].tolist()
 
 
+def _find_rank(rank: int, port: int, roots: list[str], local_size: int, tokenizer_dir: str, pairs, results) -> None:
+    """What find_prepared gives this rank, for identity "same-files"."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank))
+    torch.distributed.init_process_group("gloo")
+    try:
+        world = World(rank=rank, local_rank=rank % local_size, size=2, device=torch.device("cpu"), local_size=local_size)
+        found = shards.find_prepared(roots[rank], "same-files", load_tokenizer(tokenizer_dir), 48, 48, world)
+        results.put((rank, found is not None, None, None, None))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
 def _rank(rank: int, port: int, roots: list[str], local_size: int, tokenizer_dir: str, pairs, results) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank))
     torch.distributed.init_process_group("gloo")
@@ -145,14 +157,14 @@ def _rank(rank: int, port: int, roots: list[str], local_size: int, tokenizer_dir
         torch.distributed.destroy_process_group()
 
 
-def _two_ranks(tmp_path, tokenizer, pairs, roots, local_size):
+def _two_ranks(tmp_path, tokenizer, pairs, roots, local_size, target=_rank):
     tokenizer.save_pretrained(tmp_path / "tok")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, port, [str(root) for root in roots], local_size, str(tmp_path / "tok"),
+    procs = [ctx.Process(target=target, args=(r, port, [str(root) for root in roots], local_size, str(tmp_path / "tok"),
                                              pairs, results)) for r in range(2)]
     for p in procs:
         p.start()
@@ -182,6 +194,29 @@ def test_on_two_nodes_without_shared_storage_each_node_writes_its_own(pairs, tok
     assert path0 == str(roots[0] / os.path.basename(path0)) and path1 == str(roots[1] / os.path.basename(path0))
     assert all(shards.is_complete(root / os.path.basename(path0)) for root in roots)
     assert not [p for root in roots for p in root.iterdir() if p.name.startswith(".")]  # no probe left
+
+
+def test_data_files_unchanged_since_they_were_prepared_find_the_directory_without_the_text(pairs, tokenizer, tmp_path):
+    written = shards.prepare_corpus(tmp_path, tokenizer, *pairs, 48, 48, ALONE, identity="same-files",
+                                    train_report={"read": 601, "kept": 600, "dropped": {"empty": 1}})
+    corpus, report = shards.find_prepared(tmp_path, "same-files", tokenizer, 48, 48, ALONE)
+    assert corpus.path == written.path and corpus.sources[3].tolist() == written.sources[3].tolist()
+    assert report == {"read": 601, "kept": 600, "dropped": {"empty": 1}}
+    assert shards.find_prepared(tmp_path, "other-files", tokenizer, 48, 48, ALONE) is None
+    assert shards.find_prepared(tmp_path, "same-files", tokenizer, 40, 48, ALONE) is None  # other lengths
+    assert shards.find_prepared(tmp_path, None, tokenizer, 48, 48, ALONE) is None
+    (written.path / shards.MARKER).unlink()  # a directory being replaced is not mapped
+    assert shards.find_prepared(tmp_path, "same-files", tokenizer, 48, 48, ALONE) is None
+
+
+def test_a_node_whose_disk_lacks_the_prepared_directory_makes_every_rank_read_the_text(pairs, tokenizer, tmp_path):
+    roots = [tmp_path / "node0" / "prepared", tmp_path / "node1" / "prepared"]
+    shards.prepare_corpus(roots[0], tokenizer, *pairs, 48, 48, ALONE, identity="same-files",
+                          train_report={"read": 600, "kept": 600})
+    assert [found for _, found, *_ in _two_ranks(tmp_path, tokenizer, pairs, roots, 1, _find_rank)] == [False, False]
+    shards.prepare_corpus(roots[1], tokenizer, *pairs, 48, 48, ALONE, identity="same-files",
+                          train_report={"read": 600, "kept": 600})
+    assert [found for _, found, *_ in _two_ranks(tmp_path, tokenizer, pairs, roots, 1, _find_rank)] == [True, True]
 
 
 def test_on_two_nodes_with_shared_storage_rank_0_writes(pairs, tokenizer, tmp_path):

@@ -55,7 +55,8 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
     from rosetta_trainer.loop import Position, Trainer
     from rosetta_trainer.deepspeed_backend import is_deepspeed_checkpoint, partitioned_loading
     from rosetta_trainer.models import build_model, count_parameters, load_pretrained, model_from_config
-    from rosetta_trainer.shards import PREPARED_DIR, prepare_corpus
+    from rosetta_trainer.data_identity import data_identity
+    from rosetta_trainer.shards import PREPARED_DIR, find_prepared, prepare_corpus
     from rosetta_trainer.telemetry import Telemetry
 
     spec = document.spec
@@ -79,24 +80,38 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
     checkpoints = ckpt.CheckpointManager(ckpt_root, world, keep=spec.checkpoint.keep, keep_best=spec.checkpoint.keep_best,
                                          on_complete=mirror.submit if mirror else None)
 
-    # 1. data, checked on the raw text: bad files stop here, filtered pairs are counted
-    data = read_checked(spec.data)
-    train_examples, validation, test = data.train, data.validation, data.test
+    # 1. data, checked on the raw text: bad files stop here, filtered pairs are counted.
+    # A restart whose data files are unchanged maps the ids it prepared before (shards.py) and
+    # reads only the validation and test text.
+    d = spec.data
+    use_prefix = spec.uses_task_prefix()
+    identity = data_identity(d, use_prefix=use_prefix)
+    tokenizer = found = None
+    if not _trains_tokenizer(spec, resume_from):
+        tokenizer = _prepare_tokenizer(spec, None, None, output, world, resume_from)
+        found = find_prepared(output / PREPARED_DIR, identity, tokenizer, d.max_source_length,
+                              d.max_target_length, world)
+    data = read_checked(d, train_report=found[1] if found else None)
     log.info("data: %s", describe(data))
     for warning in data.warnings:
         log.warning("%s", warning)
-    if not train_examples:
-        raise ValueError("spec.data.train: no training examples")
-    use_prefix = spec.uses_task_prefix()
-
-    # 2. tokenizer (trained once by rank 0, then sent to every rank)
-    d = spec.data
-    tokenizer = _prepare_tokenizer(spec, model_inputs(train_examples, d.source_lang, use_prefix),
-                                   [e.target for e in train_examples], output, world, resume_from)
-    # tokenized once per corpus and tokenizer into <output>/prepared/, then memory-mapped (shards.py)
-    corpus = prepare_corpus(output / PREPARED_DIR, tokenizer, model_inputs(train_examples, d.source_lang, use_prefix),
-                            [e.target for e in train_examples], d.max_source_length, d.max_target_length, world)
-    data.train = train_examples = None  # only the ids are needed from here on: let the text go
+    if found:
+        corpus = found[0]
+    else:
+        train_examples = data.train
+        if not train_examples:
+            raise ValueError("spec.data.train: no training examples")
+        sources = model_inputs(train_examples, d.source_lang, use_prefix)
+        targets = [e.target for e in train_examples]
+        # 2. tokenizer (trained once by rank 0, then sent to every rank)
+        if tokenizer is None:
+            tokenizer = _prepare_tokenizer(spec, sources, targets, output, world, resume_from)
+        # tokenized once per corpus and tokenizer into <output>/prepared/, then memory-mapped (shards.py)
+        corpus = prepare_corpus(output / PREPARED_DIR, tokenizer, sources, targets, d.max_source_length,
+                                d.max_target_length, world, identity=identity,
+                                train_report=data.reports["train"].as_dict("train"))
+        data.train = train_examples = sources = targets = None  # only the ids are needed from here on
+    validation, test = data.validation, data.test
 
     # 3. model: the same initial weights on every rank, then per-rank dropout streams
     _seed_everything(spec.training.seed)
@@ -180,6 +195,11 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
         telemetry.close()
         close(world)
         del torch
+
+
+def _trains_tokenizer(spec, resume_from) -> bool:
+    """Whether this start trains its tokenizer from the training text (see _prepare_tokenizer)."""
+    return resume_from is None and spec.tokenizer.path is None and spec.tokenizer.train is not None
 
 
 def _prepare_tokenizer(spec, sources, targets, output: Path, world, resume_from):

@@ -62,6 +62,10 @@ class SplitReport:
     dropped: Counter = field(default_factory=Counter)
     empty: int = 0  # validation/test: empty pairs, kept
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "SplitReport":
+        return cls(read=d["read"], kept=d["kept"], dropped=Counter(d.get("dropped", {})), empty=d.get("empty", 0))
+
     def as_dict(self, split: str) -> dict:
         if split in EVAL_SPLITS:
             return {"read": self.read, "kept": self.kept, "empty": self.empty}
@@ -101,14 +105,18 @@ def _pairs(n: int) -> str:
     return "pair" if n == 1 else "pairs"
 
 
-def read_checked(data: DataSpec, keep: bool = True) -> CheckedData:
+def read_checked(data: DataSpec, keep: bool = True, train_report: dict | None = None) -> CheckedData:
     """Every split read and checked. `keep=False` only counts (`rosetta validate` on big corpora):
     the sources stream through (no file is held whole), leaving 8 bytes per distinct training pair
-    and the validation and test sources."""
+    and the validation and test sources. With `train_report` (a start that found its prepared
+    training data, shards.find_prepared) the training split is not read: its report is that one
+    and `train` is empty."""
     checks = data.checks
     ratio = checks.max_length_ratio if data.task == "translation" else None
     reports = {split: SplitReport() for split in ("train", *EVAL_SPLITS)}
     kept: dict[str, list[Example]] = {split: [] for split in reports}
+    if train_report is not None:
+        reports["train"] = SplitReport.from_dict(train_report)
 
     held_out: set[tuple[str, str]] = set()
     for split in EVAL_SPLITS:
@@ -124,6 +132,8 @@ def read_checked(data: DataSpec, keep: bool = True) -> CheckedData:
                     kept[split].append(ex)
         report.kept = report.read
 
+    if train_report is not None:
+        return CheckedData([], kept["validation"], kept["test"], reports)
     report, seen = reports["train"], set()
     for src in data.train:
         checked = src.format != "generated"
