@@ -97,16 +97,35 @@ def job_current(work: Path, workers: int) -> dict:
             **after}
 
 
+def _data_spec(work: Path):
+    from rosetta_trainer.config import DataSpec
+
+    return DataSpec.model_validate({"sourceLang": "en", "targetLangs": ["de"], "train": [
+        {"format": "pairs", "source": str(work / "train.en"), "target": str(work / "train.de")}]})
+
+
+def _alone():
+    import torch
+
+    from rosetta_trainer.distributed import World
+
+    return World(rank=0, local_rank=0, size=1, device=torch.device("cpu"), local_size=1)
+
+
 def job_prepare(work: Path, workers: int) -> dict:
+    """`rosetta prepare`'s part after reading: the key, then tokenizing and writing (with the
+    data files' identity, as the trainer records it for its restarts)."""
     from rosetta_trainer import shards
+    from rosetta_trainer.data_identity import data_identity
 
     tokenizer = _tokenizer(work)
     sources, targets = _read(work)
     started, cpu = time.perf_counter(), _cpu()
     key = shards.corpus_key(sources, targets, tokenizer, MAX_LENGTH, MAX_LENGTH)
     hashed = time.perf_counter()
-    shards.write(work / "prepared" / key, tokenizer, sources, targets, MAX_LENGTH, MAX_LENGTH, key=key,
-                 workers=workers)
+    shards.prepare_corpus(work / "prepared", tokenizer, sources, targets, MAX_LENGTH, MAX_LENGTH, _alone(),
+                          workers=workers, identity=data_identity(_data_spec(work), use_prefix=False),
+                          train_report={"read": len(sources), "kept": len(sources)})
     done = time.perf_counter()
     meta = json.loads((work / "prepared" / key / "meta.json").read_text())
     size = sum(p.stat().st_size for p in (work / "prepared" / key).iterdir())
@@ -116,22 +135,37 @@ def job_prepare(work: Path, workers: int) -> dict:
 
 
 def job_startup(work: Path, workers: int) -> dict:
+    """A start that has read the text (a first start, or changed files): key it, map it."""
     from rosetta_trainer import shards
     from rosetta_trainer.batching import plan_epoch
-    from rosetta_trainer.distributed import World
-
-    import torch
 
     tokenizer = _tokenizer(work)
     sources, targets = _read(work)
-    world = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"), local_size=1)
     started = time.perf_counter()
-    corpus = shards.prepare_corpus(work / "prepared", tokenizer, sources, targets, MAX_LENGTH, MAX_LENGTH, world)
+    corpus = shards.prepare_corpus(work / "prepared", tokenizer, sources, targets, MAX_LENGTH, MAX_LENGTH, _alone())
     lengths = corpus.lengths()
     ready = time.perf_counter()
     plan_epoch(*lengths, seed=1, epoch=0, max_tokens=8192)
     planned = time.perf_counter()
     return {"seconds": ready - started, "plan_seconds": planned - ready, **_memory()}
+
+
+def job_restart(work: Path, workers: int) -> dict:
+    """A restart with unchanged data files: their identity finds the directory; no text is read
+    (read_text of the files is what the other start-ups pay before they begin)."""
+    from rosetta_trainer import shards
+    from rosetta_trainer.data_identity import data_identity
+
+    tokenizer = _tokenizer(work)
+    before = _memory()
+    started = time.perf_counter()
+    found = shards.find_prepared(work / "prepared", data_identity(_data_spec(work), use_prefix=False), tokenizer,
+                                 MAX_LENGTH, MAX_LENGTH, _alone())
+    if found is None:
+        raise RuntimeError("the prepared directory was not found by its data files' identity")
+    found[0].lengths()
+    seconds = time.perf_counter() - started
+    return {"seconds": seconds, **_with_baseline(before, _memory())}
 
 
 def _hf_map(work: Path, workers: int):
@@ -191,16 +225,12 @@ def rank_current(work: Path, barrier) -> dict:
 
 
 def rank_prepared(work: Path, barrier) -> dict:
-    import torch
-
     from rosetta_trainer import shards
-    from rosetta_trainer.distributed import World
 
     tokenizer = _tokenizer(work)
     before = _memory()
     sources, targets = _read(work)
-    world = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"), local_size=1)
-    corpus = shards.prepare_corpus(work / "prepared", tokenizer, sources, targets, MAX_LENGTH, MAX_LENGTH, world)
+    corpus = shards.prepare_corpus(work / "prepared", tokenizer, sources, targets, MAX_LENGTH, MAX_LENGTH, _alone())
     del sources, targets  # as the trainer does once the ids are mapped
     corpus.lengths()
     int(corpus.sources.ids.sum()) + int(corpus.targets.ids.sum())  # every page read once, as an epoch does
@@ -307,6 +337,7 @@ def main() -> int:
             runs["current"] = run_alone("current", work, args.workers)
         runs["prepare"] = run_alone("prepare", work, args.workers)
         runs["startup_prepared"] = run_alone("startup", work, args.workers)
+        runs["restart_prepared"] = run_alone("restart", work, args.workers)
         runs["datasets_map"] = run_alone("datasets", work, args.workers)
         runs["datasets_cached"] = run_alone("datasets_cached", work, args.workers)
         result["runs"] = runs
@@ -326,6 +357,8 @@ def main() -> int:
             "prepare_vs_datasets_map": round(runs["datasets_map"]["seconds"] / runs["prepare"]["seconds"], 2),
             "startup_vs_datasets_cached": round(runs["datasets_cached"]["seconds"]
                                                 / runs["startup_prepared"]["seconds"], 2),
+            "restart_vs_datasets_cached": round(runs["datasets_cached"]["seconds"]
+                                                / runs["restart_prepared"]["seconds"], 2),
         }
         if "current" in runs:
             ratios["current_pairs_per_s"] = round(args.pairs / runs["current"]["seconds"])
