@@ -1,5 +1,6 @@
 """Rank 0's outputs: metrics.jsonl/eval.jsonl, rewound on resume, and the Prometheus endpoint."""
 
+import errno
 import json
 import urllib.request
 
@@ -7,6 +8,20 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rosetta_operator.local.pods import free_port
 from rosetta_trainer.telemetry import Telemetry, truncate_jsonl
+
+
+def serving_telemetry(tmp_path, name: str) -> Telemetry:
+    # A free port can be taken by another process between the lookup and the bind; try a fresh one.
+    for attempt in range(5):
+        port = free_port()
+        try:
+            t = Telemetry(tmp_path, name=name, namespace="team", port=port, tensorboard=False, enabled=True)
+        except OSError as err:
+            if err.errno != errno.EADDRINUSE or attempt == 4:
+                raise
+        else:
+            assert t.port == port
+            return t
 
 
 def scrape(port: int) -> dict:
@@ -22,10 +37,9 @@ EVAL = {"step": 5, "split": "validation", "bleu": 30.0, "chrf": 55.0,
 
 
 def test_prometheus_endpoint_serves_the_logged_figures_with_labels(tmp_path):
-    port = free_port()
-    t = Telemetry(tmp_path, name="run-a", namespace="team", port=port, tensorboard=False, enabled=True)
+    t = serving_telemetry(tmp_path, name="run-a")
+    port = t.port
     try:
-        assert t.port == port
         t.set_static(total_steps=10, world_size=2)
         t.log_step(STEP)
         t.log_eval(EVAL)
@@ -72,8 +86,8 @@ def test_a_fresh_run_starts_new_logs_and_other_ranks_write_nothing(tmp_path):
 
 
 def test_endpoint_serves_checkpoint_restart_and_per_rank_figures(tmp_path):
-    port = free_port()
-    t = Telemetry(tmp_path, name="run-a", namespace="team", port=port, tensorboard=False, enabled=True)
+    t = serving_telemetry(tmp_path, name="run-a")
+    port = t.port
     try:
         t.set_static(restarts=2, resumed_from_step=4, best_bleu=31.0)
         t.log_step({**STEP, "data_wait_s": 0.02})
@@ -103,8 +117,8 @@ def test_endpoint_serves_checkpoint_restart_and_per_rank_figures(tmp_path):
 
 
 def test_phase_says_what_rank_0_is_doing_so_a_pause_is_not_a_hang(tmp_path):
-    port = free_port()
-    t = Telemetry(tmp_path, name="run-a", namespace="team", port=port, tensorboard=False, enabled=True)
+    t = serving_telemetry(tmp_path, name="run-a")
+    port = t.port
 
     def phases() -> dict:
         return {dict(labels)["phase"]: value for (name, labels), value in scrape(port).items()
@@ -130,8 +144,8 @@ def test_phase_says_what_rank_0_is_doing_so_a_pause_is_not_a_hang(tmp_path):
 
 
 def test_step_time_split_and_tokens_per_node(tmp_path):
-    port = free_port()
-    t = Telemetry(tmp_path, name="run-b", namespace="team", port=port, tensorboard=False, enabled=True)
+    t = serving_telemetry(tmp_path, name="run-b")
+    port = t.port
     try:
         t.log_step({**STEP, "data_wait_s": 0.01, "compute_s": 0.07, "optimizer_s": 0.02,
                     "node_tokens_per_s": {"0": 600.0, "1": 400.0}})
@@ -156,8 +170,8 @@ def test_gender_figures_reach_the_endpoint_and_the_status_per_language(tmp_path)
     from rosetta_operator import progress as pr
     from rosetta_operator.crd import status_schema
 
-    port = free_port()
-    t = Telemetry(tmp_path, name="run-a", namespace="team", port=port, tensorboard=False, enabled=True)
+    t = serving_telemetry(tmp_path, name="run-a")
+    port = t.port
     try:
         t.set_static(total_steps=10)
         t.log_step(STEP)
