@@ -45,14 +45,14 @@ ENV PYTHONUNBUFFERED=1 \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 # `pip install rosetta` would pull torch and the whole trainer stack. The operator imports only
-# rosetta_operator and the torch-free rosetta_trainer.config: this list (the same specifiers as
+# rosetta_operator and the torch-free rosetta_contract: this list (the same specifiers as
 # pyproject.toml; tests/unit/test_packaging.py checks both, and that the operator's modules import
 # with nothing else installed), then the package without its dependencies.
 RUN python3 -m venv --upgrade-deps /opt/venv \
     && pip install "kopf>=1.37" "kubernetes>=29" "prometheus-client>=0.20" "pydantic>=2.6" "pyyaml>=6" "jinja2>=3.1"
 COPY --from=wheel /dist /tmp/dist
 RUN pip install --no-deps /tmp/dist/*.whl \
-    && python -c "import sys, rosetta_operator.handlers, rosetta_trainer.config; assert 'torch' not in sys.modules" \
+    && python -c "import sys, rosetta_operator.handlers, rosetta_contract.spec; assert 'torch' not in sys.modules" \
     && rm -rf /tmp/dist
 RUN groupadd --gid 10001 rosetta \
     && useradd --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin rosetta

@@ -8,7 +8,7 @@ TORCH  ?= torch==2.13.0
 CONSTRAINTS := constraints.txt
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast bench bench-operator clean
+.PHONY: install demo test test-fast lint bench bench-operator clean
 
 install: $(STAMP)
 
@@ -27,6 +27,12 @@ test: install
 
 test-fast: install
 	$(PY) -m pytest -m "not slow and not cluster"
+
+# Style and import order (ruff), and the layers: the contract imports neither side, and the trainer and
+# the operator do not import each other (import-linter; docs/architecture.md).
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 # Rosetta against Hugging Face's Seq2SeqTrainer (docs/benchmarks.md); BENCH_ARGS="--steps 600 ..."
 BENCH_STAMP := $(VENV)/.installed-bench

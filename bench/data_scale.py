@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "trainer"))
+sys.path[:0] = [str(REPO / "trainer"), str(REPO / "operator")]
 MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
 MAX_LENGTH = 128
 VOCAB = 8000
@@ -98,7 +98,7 @@ def job_current(work: Path, workers: int) -> dict:
 
 
 def _data_spec(work: Path):
-    from rosetta_trainer.config import DataSpec
+    from rosetta_contract.config import DataSpec
 
     return DataSpec.model_validate({"sourceLang": "en", "targetLangs": ["de"], "train": [
         {"format": "pairs", "source": str(work / "train.en"), "target": str(work / "train.de")}]})
@@ -291,7 +291,7 @@ def run_two_ranks(name: str, work: Path) -> list[dict]:
 
 
 def make_corpus(work: Path, pairs: int) -> int:
-    from rosetta_trainer.config import TokenizerTraining
+    from rosetta_contract.config import TokenizerTraining
     from rosetta_trainer.tokenization import train_tokenizer
 
     en = gzip.open(MULTI30K / "train.en.gz", "rt").read().splitlines()

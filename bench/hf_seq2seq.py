@@ -120,7 +120,7 @@ def prepare(args, work: Path) -> tuple[Path, str]:
     """Tokenizer and initial weights, built once; the YAML both systems read."""
     import torch
 
-    from rosetta_trainer.config import DataSpec, ModelSpec, TokenizerTraining
+    from rosetta_contract.config import DataSpec, ModelSpec, TokenizerTraining
     from rosetta_trainer.data import read_split
     from rosetta_trainer.models import build_model, count_parameters
     from rosetta_trainer.tokenization import train_tokenizer
@@ -226,7 +226,7 @@ def rosetta_timeline(out: Path) -> tuple[list[tuple[int, int, float, float]], li
         windows.append((previous + 1, record["step"], tokens, seconds))
         previous = record["step"]
     elapsed, at_step = 0.0, {}
-    for first, last, _, seconds in windows:
+    for _first, last, _, seconds in windows:
         elapsed += seconds
         at_step[last] = elapsed
     for e in evals:

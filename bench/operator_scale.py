@@ -57,7 +57,6 @@ sys.path.insert(0, str(REPO / "operator"))
 sys.path.insert(0, str(REPO / "trainer"))
 
 import psutil  # noqa: E402
-import yaml  # noqa: E402
 
 from control_plane import ControlPlane, find_assets, free_port  # noqa: E402
 from controllers import NodePool, install_crds, start_jobset, start_kwok  # noqa: E402
@@ -102,7 +101,7 @@ def training_body(name: str, namespace: str, template: dict) -> dict:
 
 
 def load_template(path: Path, nodes: int, metrics_port: int) -> dict:
-    from rosetta_trainer.config import read_yaml
+    from rosetta_contract.config import read_yaml
 
     doc = read_yaml(path)  # the TranslationTraining, also from a file that ships its PVC beside it
     doc["spec"]["nodes"] = nodes
@@ -353,6 +352,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = ap.parse_args(argv)
 
     import kubernetes
+
     from rosetta_operator.crd import build_crd
 
     template = load_template(args.template, args.nodes, args.spec_metrics_port)
@@ -450,7 +450,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         behind = 0.0
         with concurrent.futures.ThreadPoolExecutor(args.create_threads) as pool:
             futures = []
-            for b, first in enumerate(range(0, args.count, args.burst)):
+            for first in range(0, args.count, args.burst):
                 if args.rate > 0:
                     due = t0 + first / args.rate
                     wait = due - time.monotonic()

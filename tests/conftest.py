@@ -20,10 +20,10 @@ from typing import Iterator, Optional
 
 import pytest
 
-from support.cluster import Cluster, start_control_plane  # puts tests/envtest on sys.path
-from control_plane import ControlPlaneError  # noqa: E402
-from controllers import install_crds  # noqa: E402
-from support.images import docker_engine, image_logs, images, test_base  # noqa: E402,F401 - fixtures
+from control_plane import ControlPlaneError
+from controllers import install_crds
+from support.cluster import Cluster, start_control_plane
+from support.images import docker_engine, image_logs, images, test_base  # noqa: F401 - fixtures
 
 
 @pytest.fixture(scope="session")

@@ -74,9 +74,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def _load_and_render(args):
+    from rosetta_contract.spec import load_training
     from rosetta_operator.policy import PolicyViolation, load_policy, violations
     from rosetta_operator.render import render
-    from rosetta_operator.spec import load_training
 
     policy = load_policy(args.policy) if args.policy else None
     allow_host_path = args.allow_host_path or bool(policy and policy.allows_host_path)

@@ -11,20 +11,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rosetta_trainer.config import REQUIRED_BY_FORMAT
-from rosetta_operator.profiles import PROFILES
-from rosetta_operator.spec import (
-    DEFAULT_OUTPUT_MOUNT, HOSTNAME_LABEL, LAUNCHER_ENV, LAUNCHER_ENV_PREFIXES, MAX_NAME_LENGTH, RESERVED_MOUNTS,
-    RESERVED_VOLUMES, SECRET_ENV_NAME, TranslationTrainingSpec,
+from rosetta_contract.config import REQUIRED_BY_FORMAT
+from rosetta_contract.profiles import PROFILES
+from rosetta_contract.resource import GROUP, KIND, PHASES, PLURAL, VERSION
+from rosetta_contract.spec import (
+    DEFAULT_OUTPUT_MOUNT,
+    HOSTNAME_LABEL,
+    LAUNCHER_ENV,
+    LAUNCHER_ENV_PREFIXES,
+    MAX_NAME_LENGTH,
+    RESERVED_MOUNTS,
+    RESERVED_VOLUMES,
+    SECRET_ENV_NAME,
+    TranslationTrainingSpec,
 )
 
-GROUP = "rosetta.dev"
 # The JobSet's headless Service takes the training's name.
 DNS1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
-VERSION = "v1alpha1"
-KIND = "TranslationTraining"
-PLURAL = "translationtrainings"
-PHASES = ("Pending", "Queued", "Running", "Suspended", "Restarting", "Succeeded", "Failed")
 
 # Keywords a CRD schema may carry and that we keep as they are.
 _KEEP = {"type", "description", "enum", "minimum", "maximum", "minLength", "maxLength", "pattern",

@@ -48,16 +48,20 @@ import kubernetes
 import prometheus_client
 from kubernetes.client.rest import ApiException
 
-from rosetta_trainer.config import API_VERSION, KIND, ConfigError, MetricsSpec
+from rosetta_contract.config import ConfigError, MetricsSpec
+from rosetta_contract.resource import API_VERSION, GROUP, KIND, PHASES, PLURAL, VERSION
+from rosetta_contract.spec import FailurePolicySpec, TranslationTrainingSpec, parse_spec, parse_training, plain
 from rosetta_operator import policy as pol
 from rosetta_operator import progress as pr
 from rosetta_operator import scrape
 from rosetta_operator import status as st
-from rosetta_operator.crd import PHASES
 from rosetta_operator.render import (
-    EVALUATION_LABEL, TRAINING_LABEL, evaluation_job_name, render, render_evaluation_job, suspend_patch,
+    EVALUATION_LABEL,
+    TRAINING_LABEL,
+    render,
+    render_evaluation_job,
+    suspend_patch,
 )
-from rosetta_operator.spec import FailurePolicySpec, TranslationTrainingSpec, parse_spec, parse_training, plain
 
 # The apiserver stores JSON nested up to 10,000 levels (its decoder's limit) in the schemaless fields
 # (affinity, deepspeedConfig). kopf decodes every watch event with json.loads, and at Python's default
@@ -65,8 +69,6 @@ from rosetta_operator.spec import FailurePolicySpec, TranslationTrainingSpec, pa
 # is refused with its field by spec.plain, which bounds the depth at strict_yaml.MAX_DEPTH.
 sys.setrecursionlimit(max(sys.getrecursionlimit(), 25_000))
 
-GROUP, VERSION = API_VERSION.split("/")
-PLURAL = "translationtrainings"
 JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_PLURAL = "kueue.x-k8s.io", "v1beta1", "workloads"
 # Kueue labels each Workload with the uid of the job it admits.

@@ -17,10 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from rosetta_trainer.config import API_VERSION, KIND
+from rosetta_contract.resource import GROUP, KIND, PLURAL, VERSION
 
-GROUP, VERSION = API_VERSION.split("/")
-PLURAL = "translationtrainings"
 RESOURCE = f"{KIND.lower()}.{GROUP}"  # what kubectl prints: translationtraining.rosetta.dev/NAME
 FIELD_MANAGER = "rosetta"
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")

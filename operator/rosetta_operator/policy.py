@@ -22,9 +22,9 @@ from typing import Annotated, Callable, Iterable, Optional
 
 from pydantic import Field, StrictInt, StringConstraints, ValidationError
 
-from rosetta_trainer import strict_yaml
-from rosetta_trainer.config import ConfigError, Model, format_errors
-from rosetta_operator.spec import TranslationTrainingSpec
+from rosetta_contract import strict_yaml
+from rosetta_contract.config import ConfigError, Model, format_errors
+from rosetta_contract.spec import TranslationTrainingSpec
 
 # Said after every violation, so a user can tell a policy refusal from a spec error.
 SUFFIX = "(operator policy)"

@@ -11,21 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional
 
-from rosetta_trainer.data_checks import TERMINATION_PREFIX
-from rosetta_trainer.final_result import parse_evaluation
+from rosetta_contract.exits import TERMINATION_PREFIX
+from rosetta_contract.final_result import parse_evaluation
+from rosetta_contract.resource import Phase
 from rosetta_operator.render import EVALUATION_CHECKPOINT, KUEUE_QUEUE_LABEL, PREEMPTION_ACTION, STAGE_JOB
-
-
-class Phase:
-    PENDING = "Pending"
-    QUEUED = "Queued"          # Kueue keeps the JobSet suspended until it admits the whole gang
-    RUNNING = "Running"
-    SUSPENDED = "Suspended"
-    RESTARTING = "Restarting"
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
-
-    TERMINAL = frozenset({SUCCEEDED, FAILED})
 
 
 class ConditionType:

@@ -11,16 +11,17 @@ from __future__ import annotations
 
 from typing import Iterator, Optional
 
+from rosetta_contract.config import ConfigError, apply_overrides, read_yaml
+from rosetta_contract.resource import KIND
 from rosetta_operator.kube import FIELD_MANAGER, INVALID, Cluster, VerbError
-from rosetta_trainer.config import KIND, ConfigError, apply_overrides, read_yaml
 
 
 def read_documents(path: str, overrides: list[str], allow_host_path: bool = False) -> list[dict]:
     """The file's documents, its TranslationTraining with `overrides` applied and validated (a
     ConfigError, exit 2, names every problem)."""
+    from rosetta_contract import strict_yaml
+    from rosetta_contract.spec import parse_training
     from rosetta_operator.render import render
-    from rosetta_operator.spec import parse_training
-    from rosetta_trainer import strict_yaml
 
     training = apply_overrides(read_yaml(path), overrides, str(path))  # ConfigError on a bad file
     parsed = parse_training(training, str(path), allow_host_path=allow_host_path)

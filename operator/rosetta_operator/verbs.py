@@ -263,7 +263,7 @@ class _Deleted:
 
 def parse_for(text: str):
     """`--for` as kubectl wait takes it: phase=Succeeded, condition=Running[=False], delete."""
-    from rosetta_operator.crd import PHASES
+    from rosetta_contract.resource import PHASES
     from rosetta_operator.kube import INVALID, VerbError
 
     key, _, value = text.partition("=")

@@ -19,12 +19,12 @@ from __future__ import annotations
 from typing import Iterator
 
 import pytest
-from support.cluster import Cluster, OperatorProcess, start_control_plane, wait_for
-from control_plane import ControlPlane, ControlPlaneError, find_assets, free_port
-from controllers import (EXIT_CODE_ANNOTATION, NODE_POOLS, Kwok, install_crds, start_jobset, start_kueue,
-                         start_kwok)
-from support.images import Images
+
 import node as real_node
+from control_plane import ControlPlane, ControlPlaneError, find_assets, free_port
+from controllers import EXIT_CODE_ANNOTATION, NODE_POOLS, Kwok, install_crds, start_jobset, start_kueue, start_kwok
+from support.cluster import Cluster, OperatorProcess, start_control_plane, wait_for
+from support.images import Images
 
 # The simulated fleet: enough nodes of each shape for every example in manifests/examples.
 FLEET = {"p5": 2, "p4d": 1, "a3": 2, "g5-12x": 2, "g5-4x": 4, "cpu": 2}
@@ -140,8 +140,8 @@ class NodeCluster(Cluster):
 
 @pytest.fixture(scope="session")
 def node_cluster(images: Images) -> Iterator[NodeCluster]:
+    from rosetta_contract.spec import DEFAULT_IMAGE
     from rosetta_operator.crd import build_crd
-    from rosetta_operator.spec import DEFAULT_IMAGE
 
     try:
         real_node.install_packages()

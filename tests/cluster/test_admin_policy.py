@@ -22,13 +22,13 @@ import kubernetes
 import yaml
 from kubernetes.client.rest import ApiException
 from prometheus_client.parser import text_string_to_metric_families
-
-from control_plane import free_port
-from rosetta_operator.render import render
-from rosetta_operator.spec import DEFAULT_IMAGE, parse_training
-from support.cluster import JS_GROUP, JS_PLURAL, JS_VERSION, GROUP, PLURAL, VERSION, OperatorProcess, wait_for
 from test_lifecycle import small_training
 from workloads import condition, provision, status
+
+from control_plane import free_port
+from rosetta_contract.spec import DEFAULT_IMAGE, parse_training
+from rosetta_operator.render import render
+from support.cluster import GROUP, JS_GROUP, JS_PLURAL, JS_VERSION, PLURAL, VERSION, OperatorProcess, wait_for
 
 REFUSED_REGISTRY = "registry.refused.example/"
 POLICY = {"allowedRegistries": ["ghcr.io/rosetta-dev/"], "allowedPriorityClasses": ["batch-low"], "maxNodes": 2,

@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import kubernetes
+from workloads import condition, in_namespace, provision, running_pods, status, training_doc
 
 from support.cluster import wait_for
-from workloads import condition, in_namespace, provision, running_pods, status, training_doc
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "manifests" / "examples" / "quickstart-cpu.yaml"

@@ -11,9 +11,9 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
+from rosetta_operator.crd import cel_rules
 from support.cel_cases import CASES, _raw
 from support.cluster import GROUP, PLURAL, VERSION
-from rosetta_operator.crd import cel_rules
 
 
 def document(namespace: str, spec: dict, name: str = "mt") -> dict:

@@ -27,11 +27,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from controllers import KWOK_NODE_ANNOTATION, Kwok, NodePool, kwok_stages
-from control_plane import free_port
-from support.cluster import wait_for
 from workloads import bound_volume, documents, running_pods, status
+
+from control_plane import free_port
+from controllers import KWOK_NODE_ANNOTATION, Kwok, NodePool, kwok_stages
+from support.cluster import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "manifests" / "examples" / "quickstart-cpu.yaml"

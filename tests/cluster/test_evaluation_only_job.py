@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import kubernetes
+from workloads import condition, in_namespace, jobset, provision, status, training_doc
 
 from support.cluster import wait_for
-from workloads import condition, in_namespace, jobset, provision, status, training_doc
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "manifests" / "examples" / "flan-t5-xl-gender-eval.yaml"

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from workloads import in_namespace, jobset, kubectl, kueue_queue, provision, running_pods, status, training_doc
 
 from support.cluster import wait_for
-from workloads import in_namespace, jobset, kubectl, kueue_queue, provision, running_pods, status, training_doc
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "manifests" / "examples").glob("*.yaml"))

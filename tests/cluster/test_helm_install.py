@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Iterator
 
 import yaml
+from test_lifecycle import small_training, wait_running
+from workloads import provision, status
 
 from control_plane import find_assets, free_port
 from support.cluster import OperatorProcess, wait_for
-from test_lifecycle import small_training, wait_running
-from workloads import provision, status
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "rosetta"

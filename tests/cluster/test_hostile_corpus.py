@@ -28,9 +28,9 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from workloads import kubectl
 
 from hostile.corpus import all_cases, names_field
-from workloads import kubectl
 
 pytestmark = pytest.mark.cluster
 

@@ -7,9 +7,9 @@ import time
 from pathlib import Path
 
 import yaml
+from workloads import condition, in_namespace, jobset, kueue_queue, provision, running_pods, status
 
 from support.cluster import GROUP, PLURAL, VERSION, wait_for
-from workloads import condition, in_namespace, jobset, kueue_queue, provision, running_pods, status
 
 REPO = Path(__file__).resolve().parents[2]
 P5_EXAMPLE = REPO / "manifests" / "examples" / "flan-t5-xl-deepspeed-p5.yaml"

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from workloads import condition, in_namespace, jobset, provision, running_pods, status, training_doc
 
 from support.cluster import wait_for
-from workloads import condition, in_namespace, jobset, provision, running_pods, status, training_doc
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "manifests" / "examples" / "quickstart-cpu.yaml"

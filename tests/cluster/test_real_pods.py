@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from support.cluster import wait_for
 from workloads import bound_claim, bound_volume, documents, kubectl, running_pods, status
 
 import node as real_node
+from support.cluster import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
@@ -102,6 +101,7 @@ def one_pod_training(namespace: str, name: str) -> dict:
 def test_chart_runs_the_operator_image_in_the_cluster_and_prometheus_scrapes_it(
         node_cluster, node_namespace, tmp_path):
     from test_helm_install import CHART, helm
+
     from support.prometheus import prometheus
 
     ns = node_namespace

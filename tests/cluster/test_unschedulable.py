@@ -4,10 +4,10 @@ condition (`kubectl wait`, alerts), in its message (`kubectl get tt`) and as a W
 from __future__ import annotations
 
 import pytest
-
-from support.cluster import wait_for
 from test_lifecycle import small_training
 from workloads import condition, provision, status
+
+from support.cluster import wait_for
 
 WAIT = 60
 

@@ -289,7 +289,8 @@ class ControlPlane:
             try:
                 subprocess.run(cmd, check=True, capture_output=True)
             except FileNotFoundError:
-                raise ControlPlaneError("openssl is needed to make service-account keys (apt-get install openssl)")
+                raise ControlPlaneError(
+                    "openssl is needed to make service-account keys (apt-get install openssl)") from None
 
     def _start_etcd(self) -> str:
         client, peer = free_port(), free_port()

@@ -16,8 +16,9 @@ import pytest
 import yaml
 
 from control_plane import free_port
+from rosetta_contract.resource import Phase
+from rosetta_operator.status import ConditionType
 from support.cluster import GROUP, PLURAL, REPO, VERSION, Cluster, OperatorProcess, wait_for
-from rosetta_operator.status import ConditionType, Phase
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -13,10 +13,12 @@ import copy
 import pytest
 import yaml
 
-from support.cluster import REPO, Cluster, wait_for
-from rosetta_operator.status import ConditionType, Phase, Reason
+from rosetta_contract.exits import TERMINATION_LOG_ENV
+from rosetta_contract.resource import Phase
+from rosetta_operator.status import ConditionType, Reason
 from rosetta_trainer.data import DataError
-from rosetta_trainer.data_checks import TERMINATION_LOG_ENV, report_data_invalid
+from rosetta_trainer.data_checks import report_data_invalid
+from support.cluster import REPO, Cluster, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -17,12 +17,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from support.training import TINY, deep_update
+from rosetta_contract.config import DataSpec
+from rosetta_contract.exits import DATA_INVALID_EXIT, TERMINATION_PREFIX
 from rosetta_trainer.cli import main
-from rosetta_trainer.config import DataSpec
 from rosetta_trainer.corpus import generate_pairs
 from rosetta_trainer.data import DataError
-from rosetta_trainer.data_checks import DATA_INVALID_EXIT, TERMINATION_PREFIX, read_checked
+from rosetta_trainer.data_checks import read_checked
+from support.training import TINY, deep_update
 
 
 def write_lines(path: Path, lines: list[str]) -> str:

@@ -20,15 +20,15 @@ import re
 import pytest
 import yaml
 
+from rosetta_contract.profiles import PROFILES
+from rosetta_contract.resource import Phase
+from rosetta_contract.spec import MAX_NAME_LENGTH, TRAINER_UID, ConfigError, is_secret_env, parse_spec, parse_training
+from rosetta_operator.crd import build_crd, spec_schema
+from rosetta_operator.render import SCRATCH_MOUNTS, label_value, render
+from rosetta_operator.status import ConditionType, Reason
+from rosetta_trainer.cli import main
 from support.cluster import GROUP, JS_GROUP, JS_PLURAL, JS_VERSION, PLURAL, REPO, VERSION, Cluster, wait_for
 from unit.openapi_check import assert_valid_jobset, cel_failures, schema_errors, with_defaults
-from rosetta_operator.crd import build_crd, spec_schema
-from rosetta_operator.profiles import PROFILES
-from rosetta_operator.render import SCRATCH_MOUNTS, label_value, render
-from rosetta_operator.spec import (MAX_NAME_LENGTH, TRAINER_UID, ConfigError, is_secret_env, parse_spec,
-                                   parse_training)
-from rosetta_operator.status import ConditionType, Phase, Reason
-from rosetta_trainer.cli import main
 
 TRAINER = {
     "model": {"architecture": "transformer", "size": "tiny"},
@@ -211,7 +211,8 @@ def test_host_path_needs_the_operator_flag(tmp_path, capsys):
 
 
 def test_the_operator_pod_is_hardened_and_passes_the_host_path_flag():
-    from support.chart import raw_manifests, render as render_chart  # Helm's engine: loaded only here
+    from support.chart import raw_manifests  # Helm's engine: loaded only here
+    from support.chart import render as render_chart
 
     def deployment(objects):
         return next(o for o in objects if o["kind"] == "Deployment")["spec"]["template"]["spec"]

@@ -16,8 +16,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from support.training import TINY, deep_update, read_jsonl
 from rosetta_trainer.checkpoint import complete_checkpoints
+from support.training import TINY, deep_update, read_jsonl
 
 pytestmark = pytest.mark.slow
 

@@ -22,11 +22,11 @@ import boto3
 import pytest
 import yaml
 
+from rosetta_contract.config import S3MirrorSpec
+from rosetta_trainer import s3_mirror
+from rosetta_trainer.s3_mirror import MANIFEST, Counters, Mirror, MirrorError, RetryPolicy
 from support.s3_server import FaultyProxy, isolate_aws_env, moto_s3
 from support.training import TINY, deep_update, read_jsonl
-from rosetta_trainer import s3_mirror
-from rosetta_trainer.config import S3MirrorSpec
-from rosetta_trainer.s3_mirror import MANIFEST, Counters, Mirror, MirrorError, RetryPolicy
 
 # Real backoff shapes, test-sized delays; botocore makes up to 2 attempts per request.
 FAST = RetryPolicy(attempts=4, first_delay_s=0.01, max_delay_s=0.05, http_attempts=2, connect_timeout_s=2,
@@ -344,7 +344,7 @@ def test_a_new_node_resumes_a_real_training_from_s3(s3_url, bucket, tmp_path):
 NODE_SCRIPT = """
 import json, os, sys
 from pathlib import Path
-from rosetta_trainer.config import S3MirrorSpec
+from rosetta_contract.config import S3MirrorSpec
 from rosetta_trainer.distributed import close, init_world
 from rosetta_trainer.s3_mirror import RetryPolicy, resume_point
 
@@ -380,6 +380,6 @@ def test_every_node_with_an_empty_disk_fetches_the_checkpoint_rank_0_picked(s3_u
     outputs = [p.communicate(timeout=120)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
     for rank, out in enumerate(outputs):
-        (line,) = [l for l in out.splitlines() if l.startswith("RESUME ")]
+        (line,) = [text for text in out.splitlines() if text.startswith("RESUME ")]
         assert json.loads(line.split(" ", 1)[1]) == str(tmp_path / f"node-{rank}" / "step-00000020")
         assert tree(tmp_path / f"node-{rank}" / "step-00000020") == tree(src / "step-00000020")

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rosetta_contract.spec import parse_training
 from rosetta_operator.render import render
-from rosetta_operator.spec import parse_training
 from rosetta_trainer.checkpoint import complete_checkpoints
 from rosetta_trainer.preemption import GRACE_ENV
 from support.trainer_processes import has_exited, kill_gang, lines_of, new_records, rank_pid, start_training

@@ -33,9 +33,10 @@ from hypothesis import strategies as st
 from kubernetes.client.rest import ApiException
 
 from control_plane import free_port
-from support.cluster import REPO, Cluster, OperatorProcess, wait_for
+from rosetta_contract.resource import Phase
 from rosetta_operator.crd import build_crd
-from rosetta_operator.status import ConditionType, Phase, Reason
+from rosetta_operator.status import ConditionType, Reason
+from support.cluster import REPO, Cluster, OperatorProcess, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

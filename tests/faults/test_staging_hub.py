@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from support.fake_hub import fake_hub
-from rosetta_trainer.config import StagingSpec
+from rosetta_contract.config import StagingSpec
 from rosetta_trainer.data import DataError
 from rosetta_trainer.staging import MARKER, StagingError, stage
+from support.fake_hub import fake_hub
 
 MODEL = {"config.json": b'{"model_type": "t5"}', "model.safetensors": b"\x01" * 70_000, "spiece.model": b"spm"}
 CORPUS = {"data/train.jsonl": b'{"source": "a", "target": "b"}\n', "README.md": b"# corpus"}

@@ -9,11 +9,11 @@ from pathlib import Path
 import boto3
 import pytest
 
-from support.s3_server import FaultyProxy, isolate_aws_env, moto_s3
-from rosetta_trainer.config import StagingSpec
+from rosetta_contract.config import StagingSpec
 from rosetta_trainer.data import DataError
 from rosetta_trainer.s3_mirror import MirrorError, RetryPolicy
 from rosetta_trainer.staging import MARKER, StagingError, stage, staged_from
+from support.s3_server import FaultyProxy, isolate_aws_env, moto_s3
 
 FAST = RetryPolicy(attempts=3, first_delay_s=0.01, max_delay_s=0.05, http_attempts=1, connect_timeout_s=2,
                    read_timeout_s=10)

@@ -118,7 +118,7 @@ def test_build_and_push_to_a_local_registry_and_pull_back(images, local_registry
     built_ids = {which: docker("image", "inspect", "--format", "{{.Id}}", ref).stdout.strip()
                  for which, ref in pushed.items()}
     try:
-        for which, ref in pushed.items():
+        for which in pushed:
             manifest = _registry_json(f"http://{local_registry}/v2/rosetta-{which}/manifests/test",
                                       "application/vnd.docker.distribution.manifest.v2+json")
             assert manifest["config"]["digest"] == built_ids[which]

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from support.cluster import REPO, Cluster
+from rosetta_contract.config import read_yaml
+from rosetta_contract.spec import load_training, parse_spec
 from rosetta_operator.render import jobset_suspend, render
-from rosetta_operator.spec import load_training, parse_spec
-from rosetta_trainer.config import read_yaml
+from support.cluster import REPO, Cluster
 
 pytestmark = pytest.mark.integration
 

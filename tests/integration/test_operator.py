@@ -16,8 +16,9 @@ import yaml
 from kubernetes.client.rest import ApiException
 
 from control_plane import free_port
+from rosetta_contract.resource import Phase
+from rosetta_operator.status import ConditionType, Reason
 from support.cluster import REPO, Cluster, OperatorProcess, wait_for
-from rosetta_operator.status import ConditionType, Phase, Reason
 
 pytestmark = pytest.mark.integration
 

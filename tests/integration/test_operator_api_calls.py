@@ -24,9 +24,9 @@ import kubernetes
 import pytest
 import yaml
 
-from support.cluster import REPO, Cluster, wait_for
+from rosetta_contract.resource import Phase
 from rosetta_operator import handlers
-from rosetta_operator.status import Phase
+from support.cluster import REPO, Cluster, wait_for
 
 pytestmark = pytest.mark.integration
 

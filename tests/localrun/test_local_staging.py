@@ -15,9 +15,9 @@ import boto3
 import pytest
 import yaml
 
+from rosetta_trainer.staging import MARKER
 from support.s3_server import moto_s3
 from support.tiny_models import PAIRS, tiny_model, tiny_tokenizer
-from rosetta_trainer.staging import MARKER
 
 pytestmark = pytest.mark.slow
 

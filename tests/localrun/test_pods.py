@@ -6,12 +6,16 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rosetta_contract.spec import parse_training
 from rosetta_operator.local.pods import (
-    LocalRunError, fit_hardware, mount_volumes, plan_pods, trainer_output,
+    LocalRunError,
+    fit_hardware,
+    mount_volumes,
+    plan_pods,
+    trainer_output,
 )
 from rosetta_operator.local.runner import parse_volume_args
 from rosetta_operator.render import render
-from rosetta_operator.spec import parse_training
 from support.training import SHARED_CHECKPOINTS, TINY, deep_update
 
 SCRATCH = {"name": "scratch", "mountPath": "/scratch", "emptyDir": {}}

@@ -6,12 +6,11 @@ from pathlib import Path
 import torch
 import yaml
 
+from rosetta_contract.config import ModelSpec, TokenizerTraining
 from rosetta_trainer import corpus
 from rosetta_trainer.checkpoint import MARKER, step_dir_name
-from rosetta_trainer.config import ModelSpec, TokenizerTraining
 from rosetta_trainer.models import build_model
 from rosetta_trainer.tokenization import train_tokenizer
-
 from support.training import TINY
 
 PAIRS = corpus.generate_pairs("de", 300, seed=1)

@@ -20,7 +20,13 @@ import yaml
 
 from control_plane import free_port
 from support.dashboards import (
-    DCGM_EXPORTER, NODE_EXPORTER, check_variables, metric_names, panel_queries, split_queries, substitute,
+    DCGM_EXPORTER,
+    NODE_EXPORTER,
+    check_variables,
+    metric_names,
+    panel_queries,
+    split_queries,
+    substitute,
     wait_for_data,
 )
 from support.prometheus import prometheus

@@ -13,11 +13,11 @@ from pathlib import Path
 import datasets
 import pytest
 import yaml
+from test_evaluation_only_run import LANGS, write_mtgeneval
 
 from rosetta_operator.local.runner import run
 from support.tiny_models import PAIRS, tiny_model, tiny_tokenizer
 from support.training import read_jsonl
-from test_evaluation_only_run import LANGS, write_mtgeneval
 
 pytestmark = pytest.mark.slow
 

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from support.training import read_jsonl
 from rosetta_trainer.__main__ import train_from_file
 from rosetta_trainer.checkpoint import complete_checkpoints, read_meta
+from support.training import read_jsonl
 
 pytestmark = pytest.mark.slow
 

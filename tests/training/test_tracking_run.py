@@ -5,8 +5,8 @@ import json
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from support.training import read_jsonl
 from rosetta_trainer.__main__ import train_from_file
+from support.training import read_jsonl
 
 pytestmark = pytest.mark.slow
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from support.training import SHARED, read_jsonl
 from rosetta_trainer.__main__ import train_from_file
 from rosetta_trainer.checkpoint import complete_checkpoints, latest_checkpoint
+from support.training import SHARED, read_jsonl
 
 pytestmark = pytest.mark.slow
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
+from rosetta_contract.config import ModelSpec
 from rosetta_trainer.backends import enable_activation_checkpointing
-from rosetta_trainer.config import ModelSpec
 from rosetta_trainer.models import build_model
 
 VOCAB = 50

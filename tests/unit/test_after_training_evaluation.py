@@ -10,15 +10,25 @@ import kopf
 import kubernetes
 import pytest
 from kubernetes.client.rest import ApiException
-
 from openapi_check import jobset_schema, schema_errors
+
+from rosetta_contract import final_result
+from rosetta_contract.spec import ConfigError, parse_spec
 from rosetta_operator import handlers
 from rosetta_operator import status as st
 from rosetta_operator.render import EVALUATION_LABEL, render, render_evaluation_job
-from rosetta_operator.spec import ConfigError, parse_spec
-from rosetta_trainer import final_result
 from support.handler_api import (  # noqa: F401 - api and warnings are fixtures
-    NAME, NS, SPEC, UID, api, jobset_event, jobset_status, memo, reconcile, training, warnings,
+    NAME,
+    NS,
+    SPEC,
+    UID,
+    api,
+    jobset_event,
+    jobset_status,
+    memo,
+    reconcile,
+    training,
+    warnings,
 )
 
 AFTER = {"afterTraining": {"checkpoint": "best", "cpu": 6, "memory": "12Gi"}}

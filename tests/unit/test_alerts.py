@@ -112,9 +112,10 @@ def test_no_progress_allows_pauses_as_values():
 def test_every_metric_in_the_alerts_is_served(tmp_path):
     """Each name against what the endpoints really register: the trainer's Telemetry on a port,
     the operator's prometheus_client registry; `up` is Prometheus' own."""
+    import urllib.request
+
     from prometheus_client import REGISTRY
     from prometheus_client.parser import text_string_to_metric_families
-    import urllib.request
 
     from rosetta_operator import handlers  # noqa: F401  registers the operator's metrics
     from rosetta_operator.local.pods import free_port

@@ -9,7 +9,6 @@ from rosetta_trainer.averaging import AveragingError, average_checkpoints, avera
 from rosetta_trainer.cli import main
 from rosetta_trainer.evaluate import Generation, load_checkpoint_for_inference, translate
 from rosetta_trainer.models import load_pretrained
-
 from support.tiny_models import SOURCES, save_checkpoint, tiny_model, tiny_tokenizer
 
 CPU = torch.device("cpu")

@@ -11,14 +11,21 @@ from contextlib import redirect_stdout
 import pytest
 import yaml
 
-from support.chart import (
-    CHART, MONITORING_APIS, OPERATOR_MANIFEST, REGENERATE, RenderError, raw_manifest_text, raw_manifests, render,
-)
+from rosetta_contract.spec import load_training
 from rosetta_operator import metric_names
 from rosetta_operator.render import BASE_LABELS
 from rosetta_operator.render import render as render_training
-from rosetta_operator.spec import load_training
 from rosetta_trainer.cli import main
+from support.chart import (
+    CHART,
+    MONITORING_APIS,
+    OPERATOR_MANIFEST,
+    REGENERATE,
+    RenderError,
+    raw_manifest_text,
+    raw_manifests,
+    render,
+)
 
 EKS = CHART / "values-eks.yaml"
 GKE = CHART / "values-gke.yaml"

@@ -7,8 +7,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rosetta_trainer.config import (CLUSTER_KEYS, ConfigError, apply_overrides, load_document, parse_document,
-                                    read_yaml, task_prefix)
+from rosetta_contract.config import (
+    CLUSTER_KEYS,
+    ConfigError,
+    apply_overrides,
+    load_document,
+    parse_document,
+    read_yaml,
+    task_prefix,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -152,7 +159,7 @@ def test_task_prefix_default_follows_model_and_targets():
 
 
 def test_config_imports_without_torch():
-    code = "import sys, rosetta_trainer.config; assert 'torch' not in sys.modules"
+    code = "import sys, rosetta_contract.config; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

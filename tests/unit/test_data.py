@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from rosetta_contract.config import DataSpec
 from rosetta_trainer import corpus
-from rosetta_trainer.config import DataSpec
-from rosetta_trainer.data import DataError, Example, read_source, read_split, with_prefix
+from rosetta_trainer.data import DataError, Example, read_source, read_split
 
 MT_GENEVAL = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "mt-geneval"
 
@@ -370,9 +370,10 @@ def test_read_split_order_and_bad_split(tmp_path):
 # -------------------------------------------------------------------------- prefix
 
 
-def test_with_prefix():
-    ex = Example("Three apples.", "Drei Äpfel.", "de")
-    assert with_prefix(ex, "en", True) == "translate English to German: Three apples."
-    assert with_prefix(ex, "en", False) == "Three apples."
-    assert with_prefix(Example("x", "y", "fr"), "en", True) == "translate English to French: x"
-    assert with_prefix(Example("x", "y", "xx"), "en", True) == "translate English to xx: x"
+def test_model_inputs_carry_the_t5_task_prefix_of_each_example():
+    from rosetta_trainer.evaluate import model_inputs
+
+    examples = [Example("Three apples.", "Drei Äpfel.", "de"), Example("x", "y", "fr"), Example("x", "y", "xx")]
+    assert model_inputs(examples, "en", True) == [
+        "translate English to German: Three apples.", "translate English to French: x", "translate English to xx: x"]
+    assert model_inputs(examples[:1], "en", False) == ["Three apples."]

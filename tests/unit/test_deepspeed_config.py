@@ -2,7 +2,8 @@
 
 import pytest
 
-from rosetta_trainer.config import ConfigError, deep_merge as merge, parse_document
+from rosetta_contract.config import ConfigError, parse_document
+from rosetta_contract.config import deep_merge as merge
 from rosetta_trainer.deepspeed_backend import deepspeed_config
 from support.training import TINY, deep_update
 

@@ -12,8 +12,8 @@ import subprocess
 import kopf
 import pytest
 
+from rosetta_contract.spec import DEFAULT_IMAGE
 from rosetta_operator import handlers
-from rosetta_operator.spec import DEFAULT_IMAGE
 from support.chart import CHART, MONITORING_APIS, REPO, render
 from support.handler_api import NAME, api, memo, reconcile, training, warnings  # noqa: F401 - fixtures
 

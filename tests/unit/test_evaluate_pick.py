@@ -4,8 +4,8 @@ import json
 
 import pytest
 
+from rosetta_contract.config import ConfigError
 from rosetta_trainer.checkpoint import MARKER, step_dir_name
-from rosetta_trainer.config import ConfigError
 from rosetta_trainer.evaluate import pick_checkpoint
 
 

@@ -7,17 +7,17 @@ from __future__ import annotations
 import copy
 
 import kopf
-import yaml
 import pytest
-
+import yaml
 from openapi_check import jobset_schema, schema_errors
+from test_after_training_evaluation import OWNER, finished_job, jobs, pod_with  # noqa: F401 - jobs is a fixture
+
+from rosetta_contract.config import TrainerSpec
+from rosetta_contract.spec import ConfigError, parse_spec
 from rosetta_operator import handlers
 from rosetta_operator import status as st
 from rosetta_operator.render import EVALUATION_LABEL, render_evaluation_job
-from rosetta_operator.spec import ConfigError, parse_spec
-from rosetta_trainer.config import TrainerSpec
 from support.handler_api import NAME, NS, UID, api, memo, reconcile  # noqa: F401 - api is a fixture
-from test_after_training_evaluation import OWNER, finished_job, jobs, pod_with  # noqa: F401 - jobs is a fixture
 
 MTGENEVAL = [{"format": "mtgeneval", "path": f"/data/mt-geneval/{lang}", "targetLang": lang} for lang in ("de", "fr")]
 EVALUATE = {
@@ -146,8 +146,8 @@ def test_a_failed_job_fails_the_run(api, jobs):
 
 
 def test_train_refuses_an_evaluate_mode_file(tmp_path):
+    from rosetta_contract.config import ConfigError as TrainerConfigError
     from rosetta_trainer.__main__ import train_from_file
-    from rosetta_trainer.config import ConfigError as TrainerConfigError
 
     path = tmp_path / "eval.yaml"
     path.write_text(yaml.safe_dump({"apiVersion": "rosetta.dev/v1alpha1", "kind": "TranslationTraining",

@@ -10,7 +10,6 @@ from rosetta_trainer.cli import main
 from rosetta_trainer.evaluate import Generation, load_checkpoint_for_inference, translate
 from rosetta_trainer.export import CTranslate2Model, ExportError, export_ctranslate2, is_ctranslate2_dir
 from rosetta_trainer.models import untie_output
-
 from support.tiny_models import PAIRS, SOURCES, redraw, save_checkpoint, tiny_model, tiny_tokenizer
 
 pytest.importorskip("ctranslate2", reason="CTranslate2 is the [export] extra (make install puts it in)")

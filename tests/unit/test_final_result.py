@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
+from rosetta_contract import final_result as fr
 from rosetta_operator.progress import final_progress, final_result
-from rosetta_trainer import final_result as fr
 
 SUMMARY = {"steps": 600, "total_steps": 600, "final_loss": 1.08021, "final_bleu": 97.91, "best_bleu": 97.91,
            "completed": True, "test": {"bleu": 94.5}, "data": {"train": 20000}}

@@ -12,7 +12,14 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoModelForSeq2SeqLM, BartConfig, MarianConfig, MT5Config, T5Config
 
 from rosetta_trainer.flops import (
-    PEAK_FLOPS, PEAK_FLOPS_ENV, Seq2SeqDims, forward_flops, mfu, peak_flops, peak_for_run, training_flops,
+    PEAK_FLOPS,
+    PEAK_FLOPS_ENV,
+    Seq2SeqDims,
+    forward_flops,
+    mfu,
+    peak_flops,
+    peak_for_run,
+    training_flops,
 )
 
 VOCAB = 97
@@ -171,7 +178,7 @@ def test_a_bad_env_peak_is_a_clear_error(value):
 
 
 def test_spec_peak_flops_field():
-    from rosetta_trainer.config import ConfigError, parse_document
+    from rosetta_contract.config import ConfigError, parse_document
     from support.training import TINY, deep_update
 
     assert parse_document(TINY).spec.metrics.peak_flops is None

@@ -8,12 +8,22 @@ import logging
 
 import kopf
 
+from rosetta_contract.spec import parse_spec
 from rosetta_operator import handlers
 from rosetta_operator import status as st
 from rosetta_operator.render import APPLIED_SUSPEND, render
-from rosetta_operator.spec import parse_spec
 from support.handler_api import (  # noqa: F401 - api and warnings are fixtures
-    JOBSET_UID, NAME, NS, SPEC, api, jobset_event, jobset_status, memo, reconcile, training, warnings,
+    JOBSET_UID,
+    NAME,
+    NS,
+    SPEC,
+    api,
+    jobset_event,
+    jobset_status,
+    memo,
+    reconcile,
+    training,
+    warnings,
 )
 
 QUOTA = ("couldn't assign flavors to pod set node: insufficient unused quota for nvidia.com/gpu in flavor "

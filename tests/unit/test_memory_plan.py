@@ -19,7 +19,7 @@ from transformers import AutoModelForSeq2SeqLM, T5Config
 
 from rosetta_trainer import memory_plan as mp
 from rosetta_trainer.cli import main
-from rosetta_trainer.memory_plan import GiB, Batch, Cluster, Setting
+from rosetta_trainer.memory_plan import Batch, Cluster, GiB, Setting
 
 # A tiny T5 whose parameter count is derived by hand below.
 V, H, KV, HEADS, FF, LAYERS, BUCKETS = 1000, 64, 16, 4, 256, 2, 32
@@ -197,7 +197,10 @@ def test_token_budget_plans_for_full_length_pairs():
 # ---------------------------------------------------------------------- recommendation
 
 
-def plan_with(shape, gpu_gib: float, requested: Setting = Setting(0), node_gib: float | None = None) -> mp.Plan:
+DDP = Setting(0)
+
+
+def plan_with(shape, gpu_gib: float, requested: Setting = DDP, node_gib: float | None = None) -> mp.Plan:
     cluster = Cluster(1, 8, int(gpu_gib * GiB), "test", int(node_gib * GiB) if node_gib else None)
     return mp.make_plan(shape, Batch(1, 8, 8, "bf16", "sdpa"), cluster, requested)
 
@@ -299,7 +302,7 @@ def document(model: dict | None = None, batch: dict | None = None, data: dict | 
 
 
 def mp_spec(**kwargs):
-    from rosetta_operator.spec import parse_training
+    from rosetta_contract.spec import parse_training
 
     return parse_training(document(**kwargs)).spec
 

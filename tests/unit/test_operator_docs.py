@@ -7,10 +7,10 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from rosetta_contract.config import TrainerSpec
+from rosetta_contract.spec import TranslationTrainingSpec
 from rosetta_operator import status as st
 from rosetta_operator.crd import PRINTER_COLUMNS
-from rosetta_operator.spec import TranslationTrainingSpec
-from rosetta_trainer.config import TrainerSpec
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "operator.md").read_text()
 

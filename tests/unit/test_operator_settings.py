@@ -16,11 +16,11 @@ import pytest
 import yaml
 from kubernetes.config import kube_config
 
+from rosetta_contract.resource import Phase
+from rosetta_contract.spec import parse_spec
 from rosetta_operator import handlers
 from rosetta_operator.render import render
-from rosetta_operator.spec import parse_spec
 from support.cel_cases import BASE, SHARED_CHECKPOINTS
-from rosetta_operator.status import Phase
 
 SPEC = {**copy.deepcopy(BASE), "nodes": 2, "volumes": SHARED_CHECKPOINTS}  # the smallest valid spec on two nodes
 

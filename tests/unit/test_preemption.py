@@ -6,9 +6,9 @@ import signal
 
 import pytest
 
+from rosetta_contract.spec import parse_training
 from rosetta_operator.local.pods import fit_hardware, mount_volumes, plan_pods
 from rosetta_operator.render import render
-from rosetta_operator.spec import parse_training
 from rosetta_trainer.preemption import GRACE_ENV, WARN_FRACTION, StopRequested, grace_period_from_env
 from support.training import SHARED_CHECKPOINTS, TINY, deep_update
 

@@ -7,7 +7,6 @@ may be followed, read past 1 MiB, or take longer than the scrape's deadline.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time

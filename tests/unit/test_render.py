@@ -7,15 +7,20 @@ import re
 
 import pytest
 import yaml
-
 from openapi_check import assert_valid_jobset, jobset_schema, schema_errors
-from rosetta_operator.profiles import EFA_RESOURCE, PROFILES
-from rosetta_operator.render import (
-    APPLIED_SUSPEND, COMPLETION_INDEX, CONFIG_KEY, PREEMPTION_ACTION, render, resource_names, suspend_patch,
-)
-from rosetta_operator.spec import ConfigError, parse_spec
-from rosetta_trainer.config import CLUSTER_KEYS, TrainerSpec, parse_document
 
+from rosetta_contract.config import CLUSTER_KEYS, TrainerSpec, parse_document
+from rosetta_contract.profiles import EFA_RESOURCE, PROFILES
+from rosetta_contract.spec import ConfigError, parse_spec
+from rosetta_operator.render import (
+    APPLIED_SUSPEND,
+    COMPLETION_INDEX,
+    CONFIG_KEY,
+    PREEMPTION_ACTION,
+    render,
+    resource_names,
+    suspend_patch,
+)
 
 TRAINER = {
     "model": {"architecture": "transformer", "size": "tiny"},

@@ -6,10 +6,10 @@ import copy
 
 import pytest
 import yaml
-
 from openapi_check import assert_valid_jobset
+
+from rosetta_contract.spec import ConfigError, parse_spec
 from rosetta_operator.render import render
-from rosetta_operator.spec import ConfigError, parse_spec
 
 TRAINER = {
     "model": {"architecture": "transformer", "size": "tiny"},

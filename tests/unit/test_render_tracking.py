@@ -6,11 +6,11 @@ import copy
 import json
 
 import pytest
-
 from openapi_check import assert_valid_jobset
-from rosetta_operator.render import render
-from rosetta_operator.spec import ConfigError, parse_spec
 from test_render_s3 import TRAINER, env_list
+
+from rosetta_contract.spec import ConfigError, parse_spec
+from rosetta_operator.render import render
 
 TRACKING = {
     "wandb": {"project": "mt-de", "entity": "team", "apiKeySecret": {"name": "wandb-creds", "key": "api-key"}},

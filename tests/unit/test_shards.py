@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from rosetta_contract.config import TokenizerTraining
 from rosetta_trainer import shards
 from rosetta_trainer.batching import collate, encode, plan_epoch
-from rosetta_trainer.config import TokenizerTraining
 from rosetta_trainer.corpus import generate_pairs
 from rosetta_trainer.distributed import World
 from rosetta_trainer.tokenization import load_tokenizer, train_tokenizer

@@ -8,10 +8,18 @@ from types import MappingProxyType
 
 import pytest
 
-from rosetta_operator.profiles import PROFILES, USER_OVERRIDABLE
-from rosetta_operator.spec import (CLUSTER_FIELDS, DEFAULT_IMAGE, ConfigError, TranslationTrainingSpec,
-                                   launcher_env_owner, load_training, parse_spec, parse_training)
-from rosetta_trainer.config import CLUSTER_KEYS, TrainerSpec
+from rosetta_contract.config import CLUSTER_KEYS, TrainerSpec
+from rosetta_contract.profiles import PROFILES, USER_OVERRIDABLE
+from rosetta_contract.spec import (
+    CLUSTER_FIELDS,
+    DEFAULT_IMAGE,
+    ConfigError,
+    TranslationTrainingSpec,
+    launcher_env_owner,
+    load_training,
+    parse_spec,
+    parse_training,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 

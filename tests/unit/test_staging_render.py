@@ -8,12 +8,12 @@ import copy
 import re
 
 import pytest
-
 from openapi_check import jobset_schema, schema_errors
+
+from rosetta_contract.spec import ConfigError, parse_spec
 from rosetta_operator import status as st
 from rosetta_operator.progress import _is_rank0
 from rosetta_operator.render import DATA_INVALID_EXIT, STAGE_JOB, render
-from rosetta_operator.spec import ConfigError, parse_spec
 from support.handler_api import NAME, NS, SPEC
 
 MODELS = {"name": "models", "mountPath": "/models", "purpose": "model", "persistentVolumeClaim": {"claimName": "models"}}

@@ -4,12 +4,30 @@ from __future__ import annotations
 
 import pytest
 
+from rosetta_contract.resource import Phase
+from rosetta_contract.spec import parse_spec
 from rosetta_operator.render import failure_policy
-from rosetta_operator.spec import parse_spec
 from rosetta_operator.status import (
-    MAX_MESSAGE, Cond, ConditionType, Observation, Phase, Reason, UnschedulablePods, changed_fields, condition,
-    expected_jobs, invalid_spec_message, merge_status, observe_data_invalid, observe_jobset, pod_scheduling,
-    refused_message, restart_counts, shows_failure, status_patch, truncate, upsert_conditions,
+    MAX_MESSAGE,
+    Cond,
+    ConditionType,
+    Observation,
+    Reason,
+    UnschedulablePods,
+    changed_fields,
+    condition,
+    expected_jobs,
+    invalid_spec_message,
+    merge_status,
+    observe_data_invalid,
+    observe_jobset,
+    pod_scheduling,
+    refused_message,
+    restart_counts,
+    shows_failure,
+    status_patch,
+    truncate,
+    upsert_conditions,
     workload_admission,
 )
 

@@ -2,10 +2,10 @@
 
 import pytest
 
+from rosetta_contract.config import ConfigError, parse_document, task_prefix
 from rosetta_trainer.__main__ import _print_result
-from rosetta_trainer.config import ConfigError, parse_document, task_prefix
 from rosetta_trainer.corpus import PARTITIONS, generate_articles
-from rosetta_trainer.data import DataError, Example, read_split, with_prefix
+from rosetta_trainer.data import DataError, Example, read_split
 from rosetta_trainer.evaluate import model_inputs, primary_metric, score
 from rosetta_trainer.scoring import UnicodeTokenizer, rouge_scores
 
@@ -94,7 +94,6 @@ def test_summarization_prefix_is_t5s_own():
     assert task_prefix("en", "de", "summarization") == "summarize in German: "
     assert task_prefix("en", "de") == "translate English to German: "
     article = Example("Long text.", "Short.", "en", task="summarization")
-    assert with_prefix(article, "en", True) == "summarize: Long text."
     assert model_inputs([article], "en", True) == ["summarize: Long text."]
     assert model_inputs([article], "en", False) == ["Long text."]
 

@@ -5,8 +5,8 @@ import logging
 import pytest
 from transformers import NllbTokenizer
 
+from rosetta_contract.config import TokenizerTraining
 from rosetta_trainer import token_ids
-from rosetta_trainer.config import TokenizerTraining
 from rosetta_trainer.corpus import generate_pairs
 from rosetta_trainer.token_ids import Encoder, public_ids
 from rosetta_trainer.tokenization import load_tokenizer, train_tokenizer

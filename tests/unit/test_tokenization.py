@@ -8,10 +8,16 @@ import unicodedata
 import pytest
 from transformers import AutoTokenizer
 
+from rosetta_contract.config import TokenizerTraining
 from rosetta_trainer import corpus
-from rosetta_trainer.config import TokenizerTraining
 from rosetta_trainer.tokenization import (
-    EOS_ID, PAD_ID, UNK_ID, _sentences, _subsample, load_tokenizer, train_tokenizer,
+    EOS_ID,
+    PAD_ID,
+    UNK_ID,
+    _sentences,
+    _subsample,
+    load_tokenizer,
+    train_tokenizer,
 )
 
 PAIRS = corpus.generate_pairs("de", 600, 0) + corpus.generate_pairs("fr", 600, 0)

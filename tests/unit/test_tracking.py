@@ -7,8 +7,8 @@ import struct
 
 import pytest
 
+from rosetta_contract.config import TrackingSpec, WandbSpec
 from rosetta_trainer import tracking
-from rosetta_trainer.config import TrackingSpec, WandbSpec
 from rosetta_trainer.telemetry import Telemetry
 
 STEP = {"step": 5, "total_steps": 10, "epoch": 0.5, "loss": 2.5, "lr": 1e-3, "tokens_per_s": 1000.0,
@@ -121,9 +121,10 @@ def test_tensorboard_gets_validation_loss_scores_and_learning_rate(tmp_path):
 
 
 def test_prometheus_and_metrics_jsonl_carry_the_validation_loss(tmp_path):
-    from support.training import read_jsonl
     from test_telemetry import scrape
+
     from rosetta_operator.local.pods import free_port
+    from support.training import read_jsonl
 
     port = free_port()
     t = Telemetry(tmp_path, name="run-a", namespace="team", port=port, tensorboard=False, enabled=True)

@@ -13,7 +13,11 @@ from safetensors.torch import load_file, save_file
 from transformers import T5Config, T5ForConditionalGeneration
 
 from rosetta_trainer.models import (
-    load_pretrained, model_from_config, output_is_untied, separate_output_in_config, untie_output_for,
+    load_pretrained,
+    model_from_config,
+    output_is_untied,
+    separate_output_in_config,
+    untie_output_for,
 )
 
 

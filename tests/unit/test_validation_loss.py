@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from rosetta_contract.config import TrainerSpec
 from rosetta_trainer.batching import IGNORE_INDEX, collate, encode
-from rosetta_trainer.config import TrainerSpec
 from rosetta_trainer.data import Example
 from rosetta_trainer.distributed import World
 from rosetta_trainer.evaluate import validation_loss

@@ -1,3 +1,5 @@
 """Rosetta's trainer: Hugging Face seq2seq models trained, evaluated and checkpointed for translation."""
 
-__version__ = "0.1.0"
+from rosetta_contract import __version__
+
+__all__ = ["__version__"]

@@ -22,12 +22,12 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from rosetta_trainer.config import ConfigError, TrainingDocument, apply_overrides, parse_document, read_yaml
+from rosetta_contract.config import ConfigError, TrainingDocument, apply_overrides, parse_document, read_yaml
 
 
 def train_from_file(path: str, output: str | None = None, overrides: list[str] | None = None,
                     progress: bool = True) -> dict:
-    from rosetta_operator.spec import parse_training
+    from rosetta_contract.spec import parse_training
 
     raw = apply_overrides(read_yaml(path), overrides or [], str(path))
     # The cluster's rules first (cluster fields included), so a file that trains here is one the
@@ -46,16 +46,17 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
     import torch
     import transformers
 
+    from rosetta_contract import final_result
     from rosetta_trainer import checkpoint as ckpt
-    from rosetta_trainer import final_result, s3_mirror
+    from rosetta_trainer import s3_mirror
     from rosetta_trainer.cpu_allocator import keep_freed_memory
     from rosetta_trainer.data_checks import describe, read_checked
+    from rosetta_trainer.data_identity import data_identity
+    from rosetta_trainer.deepspeed_backend import is_deepspeed_checkpoint, partitioned_loading
     from rosetta_trainer.distributed import barrier, close, init_world
     from rosetta_trainer.evaluate import model_inputs
     from rosetta_trainer.loop import Position, Trainer
-    from rosetta_trainer.deepspeed_backend import is_deepspeed_checkpoint, partitioned_loading
     from rosetta_trainer.models import build_model, count_parameters, load_pretrained, model_from_config
-    from rosetta_trainer.data_identity import data_identity
     from rosetta_trainer.shards import PREPARED_DIR, find_prepared, prepare_corpus
     from rosetta_trainer.telemetry import Telemetry
 
@@ -255,7 +256,7 @@ def _seed_everything(seed: int) -> None:
 
 
 def _print_result(summary: dict, summary_path) -> None:
-    from rosetta_trainer.scoring import LABELS
+    from rosetta_contract.metrics import LABELS
 
     # final_bleu and best_bleu hold the primary metric: ROUGE-L for summarization.
     metric = LABELS[summary.get("primary_metric", "bleu")]

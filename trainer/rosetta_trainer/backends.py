@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from rosetta_trainer.config import TrainerSpec
+from rosetta_contract.config import TrainerSpec
 from rosetta_trainer.distributed import World
 from rosetta_trainer.schedules import lr_multiplier
 

@@ -8,7 +8,6 @@ has already consumed: that is what makes resume exact.
 from __future__ import annotations
 
 import signal
-
 from dataclasses import dataclass
 
 import numpy as np

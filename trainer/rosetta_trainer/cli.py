@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rosetta_trainer.config import ConfigError
+from rosetta_contract.config import ConfigError
 from rosetta_trainer.data import DataError
 
 
@@ -203,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except DataError as exc:
-        from rosetta_trainer.data_checks import DATA_INVALID_EXIT, report_data_invalid
+        from rosetta_contract.exits import DATA_INVALID_EXIT
+        from rosetta_trainer.data_checks import report_data_invalid
 
         print(f"error: {exc}", file=sys.stderr)
         report_data_invalid(exc)

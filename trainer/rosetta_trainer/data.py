@@ -37,12 +37,13 @@ import os
 import stat
 import zlib
 from dataclasses import dataclass, replace
-from pathlib import Path
 from itertools import zip_longest
+from pathlib import Path
 from typing import Iterator, Literal
 
+from rosetta_contract.config import DataSource, DataSpec
+
 from . import corpus
-from .config import DataSource, DataSpec, task_prefix
 
 GENDERS = ("feminine", "masculine")
 # The longest line (a sentence pair, a TSV row, a JSON object, a summarization article) read.
@@ -65,13 +66,6 @@ class Example:
     pair_id: int | None = None
     # spec.task: picks the T5 prefix ("translate ...: " or "summarize: ").
     task: str = "translation"
-
-
-def with_prefix(example: Example, source_lang: str, use_prefix: bool) -> str:
-    """The model input: the source text, behind a T5 task prefix when `use_prefix`."""
-    if not use_prefix:
-        return example.source
-    return task_prefix(source_lang, example.target_lang, example.task) + example.source
 
 
 def read_split(data: DataSpec, split: Literal["train", "validation", "test"]) -> list[Example]:

@@ -37,20 +37,19 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config import REQUIRED_BY_FORMAT, DataSpec
+from rosetta_contract.config import REQUIRED_BY_FORMAT, DataSpec
+from rosetta_contract.exits import (
+    DEFAULT_TERMINATION_LOG,
+    MAX_TERMINATION_MESSAGE,
+    TERMINATION_LOG_ENV,
+    TERMINATION_PREFIX,
+)
+
 from .data import DataError, Example, iter_source
 
 FILTERS = ("empty", "length_ratio", "test_overlap", "duplicate")
 EVAL_SPLITS = ("validation", "test")
 
-# sysexits.h EX_DATAERR: "the input data was incorrect in some way".
-DATA_INVALID_EXIT = 65
-# The operator matches this prefix in a pod's termination message (status.py).
-TERMINATION_PREFIX = "DataInvalid: "
-TERMINATION_LOG_ENV = "ROSETTA_TERMINATION_LOG"
-DEFAULT_TERMINATION_LOG = "/dev/termination-log"
-# The kubelet keeps at most 4096 bytes of a termination message.
-MAX_TERMINATION_MESSAGE = 4096
 
 log = logging.getLogger(__name__)
 

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import torch
 
-from rosetta_trainer.config import ConfigError, EvaluationSpec, TrainerSpec, parse_document, task_prefix
+from rosetta_contract.config import ConfigError, EvaluationSpec, TrainerSpec, parse_document, task_prefix
+from rosetta_contract.metrics import METRICS, ROUGE_METRICS
 from rosetta_trainer.data import Example
 from rosetta_trainer.distributed import World, all_gather_objects
-from rosetta_trainer.scoring import METRICS, ROUGE_METRICS, corpus_scores, gender_scores, rouge_scores
+from rosetta_trainer.scoring import corpus_scores, gender_scores, rouge_scores
 
 
 @dataclass(frozen=True)
@@ -258,7 +259,7 @@ def load_checkpoint_for_inference(path: str | Path, device: torch.device):
         raise ConfigError([("--checkpoint", f"{path} holds no model (no config.json in {model_dir})")])
     spec = None
     if (path / "training.yaml").is_file():
-        from rosetta_trainer.config import read_yaml
+        from rosetta_contract.config import read_yaml
 
         spec = parse_document(read_yaml(path / "training.yaml"), str(path / "training.yaml")).spec
     from rosetta_trainer.deepspeed_backend import consolidated_model, is_deepspeed_checkpoint
@@ -306,9 +307,9 @@ def pick_checkpoint(root: str | Path, pick: str) -> Path:
 
 
 def evaluate_command(args) -> int:
-    from rosetta_trainer import final_result
+    from rosetta_contract import final_result
+    from rosetta_contract.config import load_document
     from rosetta_trainer.cli import generation_overrides
-    from rosetta_trainer.config import load_document
     from rosetta_trainer.data import read_split
     from rosetta_trainer.distributed import init_world
 

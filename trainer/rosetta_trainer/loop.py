@@ -15,20 +15,24 @@ from pathlib import Path
 
 import torch
 
+from rosetta_contract.config import ConfigError, TrainerSpec
+from rosetta_contract.metrics import LABELS
 from rosetta_trainer import batching
 from rosetta_trainer.backends import build_backend, compile_stats
 from rosetta_trainer.batching import IGNORE_INDEX, EncodedCorpus
 from rosetta_trainer.checkpoint import CheckpointManager, directory_bytes
-from rosetta_trainer.config import ConfigError, TrainerSpec
 from rosetta_trainer.data import Example
 from rosetta_trainer.distributed import (
-    World, all_gather_objects, all_reduce_sum, all_reduce_sum_async, control_group,
+    World,
+    all_gather_objects,
+    all_reduce_sum,
+    all_reduce_sum_async,
+    control_group,
 )
 from rosetta_trainer.evaluate import evaluate_examples, primary_metric, validation_loss
-from rosetta_trainer.preemption import StopRequested
 from rosetta_trainer.flops import Seq2SeqDims, peak_for_run, training_flops
 from rosetta_trainer.losses import label_smoothed_cross_entropy
-from rosetta_trainer.scoring import LABELS
+from rosetta_trainer.preemption import StopRequested
 from rosetta_trainer.step_clock import StepClock
 from rosetta_trainer.telemetry import Telemetry
 

@@ -13,7 +13,7 @@ from typing import Mapping
 import torch
 from transformers import AutoModelForSeq2SeqLM, MarianConfig, PreTrainedModel, T5Config
 
-from rosetta_trainer.config import ModelSpec
+from rosetta_contract.config import ModelSpec
 
 log = logging.getLogger(__name__)
 

@@ -34,10 +34,16 @@ from pathlib import Path
 import botocore.exceptions as boto_errors
 from boto3.exceptions import S3UploadFailedError
 
+from rosetta_contract.config import CheckpointSpec, S3MirrorSpec
 from rosetta_trainer.checkpoint import (
-    MARKER, STEP_DIR, _fsync_dir, _fsync_tree, best_by_score, complete_checkpoints, read_meta,
+    MARKER,
+    STEP_DIR,
+    _fsync_dir,
+    _fsync_tree,
+    best_by_score,
+    complete_checkpoints,
+    read_meta,
 )
-from rosetta_trainer.config import CheckpointSpec, S3MirrorSpec
 from rosetta_trainer.distributed import World, barrier, broadcast_object
 
 log = logging.getLogger(__name__)

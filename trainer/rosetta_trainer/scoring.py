@@ -20,12 +20,9 @@ import regex  # sacreBLEU's own dependency; unlike re it has \p{M}
 from rouge_score import rouge_scorer, tokenizers
 from sacrebleu.metrics import BLEU, CHRF
 
-METRICS = ("bleu", "chrf")
-ROUGE_METRICS = ("rouge1", "rouge2", "rougeL", "rougeLsum")
+from rosetta_contract.metrics import METRICS, ROUGE_METRICS
+
 GENDERS = ("feminine", "masculine")
-# How logs and summaries print each score.
-LABELS = {"bleu": "BLEU", "chrf": "chrF", "rouge1": "ROUGE-1", "rouge2": "ROUGE-2", "rougeL": "ROUGE-L",
-          "rougeLsum": "ROUGE-Lsum"}
 
 
 # ----------------------------------------------------------------- BLEU / chrF

@@ -404,11 +404,10 @@ def prepare_corpus(root: Path, tokenizer, sources: list[str], targets: list[str]
 def prepare_command(args) -> int:
     """`rosetta prepare`: read and check the data, train or load the tokenizer as `rosetta train`
     would, and write the prepared training data under <output>/prepared/."""
-    from rosetta_operator.spec import parse_training
-
+    from rosetta_contract.config import apply_overrides, parse_document, read_yaml
+    from rosetta_contract.spec import parse_training
     from rosetta_trainer import checkpoint as ckpt
     from rosetta_trainer.__main__ import _prepare_tokenizer
-    from rosetta_trainer.config import apply_overrides, parse_document, read_yaml
     from rosetta_trainer.data_checks import describe, read_checked
     from rosetta_trainer.data_identity import data_identity
     from rosetta_trainer.distributed import init_world

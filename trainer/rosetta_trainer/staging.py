@@ -16,7 +16,7 @@ import shutil
 import time
 from pathlib import Path, PurePosixPath
 
-from rosetta_trainer.config import StagingSpec, TrainerSpec
+from rosetta_contract.config import StagingSpec, TrainerSpec
 from rosetta_trainer.data import DataError
 
 log = logging.getLogger(__name__)
@@ -128,9 +128,8 @@ def _copy_hub(source: StagingSpec, into: Path) -> int:
 
 def stage_command(args) -> int:
     """`rosetta stage`: copy the spec's model.source and data.source into place (the stage job)."""
-    from rosetta_operator.spec import parse_training
-
-    from rosetta_trainer.config import apply_overrides, parse_document, read_yaml
+    from rosetta_contract.config import apply_overrides, parse_document, read_yaml
+    from rosetta_contract.spec import parse_training
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     raw = apply_overrides(read_yaml(args.file), args.overrides or [], str(args.file))

@@ -20,7 +20,7 @@ from typing import Iterable
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from .config import TokenizerTraining
+from rosetta_contract.config import TokenizerTraining
 
 PAD, EOS, UNK = "<pad>", "</s>", "<unk>"
 # The order is the ids: the trainers give special tokens the first ids, in this order.

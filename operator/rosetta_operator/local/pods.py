@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 import yaml
 
-from rosetta_trainer import strict_yaml
+from rosetta_contract import strict_yaml
 from rosetta_operator.render import COMPLETION_INDEX, CONFIG_KEY, REPLICATED_JOB, SCRATCH_MOUNTS, STAGE_JOB, Rendered
 
 # JobSet exposes the restart count of the gang on every pod; the trainer reports it.

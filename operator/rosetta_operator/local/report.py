@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Optional
 
+from rosetta_contract.metrics import LABELS
+
 
 def _jsonl(path: Path) -> list[dict]:
     if not path.exists():
@@ -24,8 +26,6 @@ def primary_metric(summary: Optional[dict], evals: list[dict]) -> str:
 
 
 def label(metric: str) -> str:
-    from rosetta_trainer.scoring import LABELS
-
     return LABELS.get(metric, metric)
 
 

@@ -22,16 +22,23 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rosetta_contract.exits import TERMINATION_PREFIX
+from rosetta_contract.spec import load_training
 from rosetta_operator.local.pods import (
-    LocalRunError, fit_hardware, free_port, gpu_count, mount_volumes, plan_evaluation, plan_pods, plan_stage,
+    LocalRunError,
+    fit_hardware,
+    free_port,
+    gpu_count,
+    mount_volumes,
+    plan_evaluation,
+    plan_pods,
+    plan_stage,
     trainer_output,
 )
-from rosetta_trainer.data_checks import TERMINATION_PREFIX
 from rosetta_operator.local.progress import TrainingProgress
 from rosetta_operator.local.report import format_table, summary_rows, write_plots
 from rosetta_operator.local.supervisor import LocalJobSet
 from rosetta_operator.render import grace_period_seconds, render, render_evaluation_job
-from rosetta_operator.spec import load_training
 from rosetta_operator.status import evaluation_run_phase
 
 

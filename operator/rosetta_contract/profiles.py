@@ -112,5 +112,3 @@ PROFILES: Mapping[str, NetworkProfile] = MappingProxyType({
         node_selector={"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"},
     ),
 })
-
-PROFILE_NAMES = tuple(PROFILES)

@@ -31,7 +31,12 @@ from typing import Any
 
 import yaml
 from yaml.events import (
-    AliasEvent, DocumentStartEvent, MappingEndEvent, MappingStartEvent, ScalarEvent, SequenceEndEvent,
+    AliasEvent,
+    DocumentStartEvent,
+    MappingEndEvent,
+    MappingStartEvent,
+    ScalarEvent,
+    SequenceEndEvent,
     SequenceStartEvent,
 )
 

@@ -16,7 +16,7 @@ import math
 import os
 from typing import Any, Mapping, Optional
 
-from rosetta_trainer.data_checks import DEFAULT_TERMINATION_LOG, MAX_TERMINATION_MESSAGE, TERMINATION_LOG_ENV
+from rosetta_contract.exits import DEFAULT_TERMINATION_LOG, MAX_TERMINATION_MESSAGE, TERMINATION_LOG_ENV
 
 RESULT_PREFIX = "Result: "
 # summary.json key -> status.progress field

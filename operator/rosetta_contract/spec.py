@@ -13,18 +13,36 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, WithJsonSchema
-from pydantic import BeforeValidator, StringConstraints, field_validator, model_validator
-
-from rosetta_trainer.config import (
-    API_VERSION, KIND, ConfigError, IntOrString, JsonObject, Metadata, Model, TrainerSpec, apply_overrides,
-    format_errors, read_yaml,
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
 )
-from rosetta_trainer.strict_yaml import MAX_DEPTH
-from rosetta_operator import core_types
-from rosetta_operator.profiles import PROFILES, USER_OVERRIDABLE
 
-DEFAULT_IMAGE = "ghcr.io/rosetta-dev/rosetta-trainer:0.1.0"
+from rosetta_contract import __version__, core_types
+from rosetta_contract.config import (
+    ConfigError,
+    IntOrString,
+    JsonObject,
+    Metadata,
+    Model,
+    TrainerSpec,
+    apply_overrides,
+    format_errors,
+    read_yaml,
+)
+from rosetta_contract.profiles import PROFILES, USER_OVERRIDABLE
+from rosetta_contract.strict_yaml import MAX_DEPTH
+
+DEFAULT_IMAGE = f"ghcr.io/rosetta-dev/rosetta-trainer:{__version__}"
 DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"

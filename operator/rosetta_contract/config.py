@@ -19,15 +19,23 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, get_args, get_origin
 
 from pydantic import (
-    AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, StringConstraints, ValidationError,
-    ValidationInfo, WithJsonSchema, field_validator, model_validator,
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StringConstraints,
+    ValidationError,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
 )
 from pydantic.alias_generators import to_camel
 
-from rosetta_trainer import strict_yaml
-
-API_VERSION = "rosetta.dev/v1alpha1"
-KIND = "TranslationTraining"
+from rosetta_contract import strict_yaml
+from rosetta_contract.resource import KIND
 
 # Names used in T5-style task prefixes ("translate English to German: ").
 LANGUAGE_NAMES = {
