@@ -11,8 +11,8 @@ from contextlib import redirect_stdout
 import pytest
 import yaml
 
+from rosetta_contract import metric_names
 from rosetta_contract.spec import load_training
-from rosetta_operator import metric_names
 from rosetta_operator.render import BASE_LABELS
 from rosetta_operator.render import render as render_training
 from rosetta_trainer.cli import main
@@ -448,7 +448,7 @@ def promql_of_rules() -> list[str]:
 
 
 def test_every_metric_in_dashboards_and_alerts_is_exposed():
-    """Names come from rosetta_operator.metric_names: the exact names the endpoints expose."""
+    """Names come from rosetta_contract.metric_names: the exact names the endpoints expose."""
     known = set(metric_names.TRAINER_METRICS) | set(metric_names.OPERATOR_METRICS)
     histograms = set(getattr(metric_names, "HISTOGRAMS", ()))
     used = {name for expr in promql_of_dashboards() + promql_of_rules()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from prometheus_client import REGISTRY
 
+from rosetta_contract.metric_names import OPERATOR_METRICS
 from rosetta_operator import handlers
-from rosetta_operator.metric_names import OPERATOR_METRICS
 
 
 def value(name: str, **labels) -> float:

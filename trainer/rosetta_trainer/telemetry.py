@@ -3,7 +3,7 @@ experiment trackers of spec.tracking (tracking.py: Weights & Biases, MLflow).
 
 Only rank 0 reports. The same figures go to every sink so that a dashboard, a
 script reading the JSON lines and TensorBoard never disagree. The Prometheus
-names are listed in rosetta_operator.metric_names.TRAINER_METRICS (the operator
+names are listed in rosetta_contract.metric_names.TRAINER_METRICS (the operator
 reads this endpoint to fill status.progress; dashboards and alerts use it too).
 """
 
