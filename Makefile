@@ -8,7 +8,7 @@ TORCH  ?= torch==2.13.0
 CONSTRAINTS := constraints.txt
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint bench bench-operator clean
+.PHONY: install demo test test-fast lint typecheck bench bench-operator clean
 
 install: $(STAMP)
 
@@ -33,6 +33,10 @@ test-fast: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+
+# mypy with pydantic's plugin over the contract package that both sides build on.
+typecheck: install
+	cd operator && ../$(VENV)/bin/mypy --config-file ../pyproject.toml -p rosetta_contract
 
 # Rosetta against Hugging Face's Seq2SeqTrainer (docs/benchmarks.md); BENCH_ARGS="--steps 600 ..."
 BENCH_STAMP := $(VENV)/.installed-bench

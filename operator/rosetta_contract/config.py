@@ -209,6 +209,7 @@ class Model(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _json_types(cls, value: Any, info: ValidationInfo) -> Any:
+        assert info.field_name is not None  # a field validator is always called for one field
         field = cls.model_fields[info.field_name]
         annotation = field.annotation  # pydantic keeps a field's own Annotated[...] markers in .metadata
         problem = _type_problem(value, annotation, any(isinstance(m, IntOrString) for m in field.metadata))
@@ -749,7 +750,10 @@ class AverageSpec(Model):
 
     @property
     def count(self) -> int:
-        return self.last if self.last is not None else self.best
+        if self.last is not None:
+            return self.last
+        assert self.best is not None  # the model's validator requires last or best
+        return self.best
 
 
 class CheckpointSpec(Model):
@@ -1025,7 +1029,7 @@ class TrainerSpec(Model):
         is_t5 = self.model.architecture == "t5" or (
             self.model.name is not None and "t5" in self.model.name.lower()
         )
-        return len(self.data.target_langs) > 1 or is_t5
+        return len(self.data.target_langs or ()) > 1 or is_t5
 
 
 # Top-level spec keys that belong to the cluster (the operator's spec model
@@ -1070,7 +1074,7 @@ def format_errors(exc: ValidationError, prefix: str = "") -> list[tuple[str, str
     """pydantic errors as (dotted field path, message), list indices in brackets."""
     out = []
     for err in exc.errors():
-        parts = []
+        parts: list[str] = []
         for loc in err["loc"]:
             if isinstance(loc, int):
                 parts[-1:] = [f"{parts[-1]}[{loc}]"] if parts else [f"[{loc}]"]

@@ -13,7 +13,7 @@ from typing import Any
 
 _LIST = re.compile(r"^[Ll]ist\[(.+)\]$")
 _DICT = re.compile(r"^[Dd]ict\((?:str|String), ?(.+)\)$|^[Dd]ict\[str, ?(.+)\]$")
-_SCALARS = {"str": str, "int": int, "bool": bool, "float": (int, float)}
+_SCALARS: dict[str, type | tuple[type, ...]] = {"str": str, "int": int, "bool": bool, "float": (int, float)}
 _SHOWN = {"str": "a string", "int": "an integer", "bool": "true or false", "float": "a number"}
 
 

@@ -612,7 +612,8 @@ class TranslationTrainingSpec(TrainerSpec):
     @field_validator("volumes")
     @classmethod
     def _volumes(cls, value: list[VolumeSpec], info: ValidationInfo):
-        problems, names, paths, purposes = [], set(), set(), {}
+        problems, names, paths = [], set(), set()
+        purposes: dict[str, int] = {}
         has_checkpoints = any(vol.purpose == "checkpoints" for vol in value)
         for i, vol in enumerate(value):
             if vol.name in RESERVED_VOLUMES:
@@ -679,7 +680,7 @@ class TranslationTrainingSpec(TrainerSpec):
             raise ValueError(f"{where}: {source.path} is not on a persistentVolumeClaim volume; the stage job copies "
                              "it there before the training's pods start, so it must be under the mountPath of a "
                              "volume every pod shares (e.g. purpose: model or data, on EFS or Filestore)")
-        if volume.read_only or volume.persistent_volume_claim.read_only:
+        if volume.read_only or (volume.persistent_volume_claim and volume.persistent_volume_claim.read_only):
             raise ValueError(f"{where}: {source.path} is on volume '{volume.name}', which is mounted read-only; "
                              "the stage job writes there")
 

@@ -46,7 +46,11 @@ MAX_ALIAS_NODES = 10_000
 
 
 
-class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml when present: parsing twice stays cheap
+# libyaml when present: parsing twice stays cheap.
+_SAFE_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _Loader(_SAFE_LOADER):
     """The safe loader, with exponent-only floats (`1e-3`) read as numbers as kubectl reads them
     (YAML 1.1 says string; YAML 1.2 and JSON say number)."""
 
