@@ -19,7 +19,7 @@ def _add_policy_argument(p: argparse.ArgumentParser, help: str) -> None:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    from rosetta_trainer.cli import add_document_arguments
+    from rosetta_contract.document_arguments import add_document_arguments
 
     p = sub.add_parser("crd", help="print the TranslationTraining CustomResourceDefinition (YAML)")
     p.set_defaults(func=_cmd_crd)

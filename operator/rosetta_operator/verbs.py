@@ -50,7 +50,7 @@ def _output_argument(p: argparse.ArgumentParser) -> None:
 
 
 def add_verbs(sub: argparse._SubParsersAction) -> None:
-    from rosetta_trainer.cli import add_document_arguments
+    from rosetta_contract.document_arguments import add_document_arguments
 
     p = sub.add_parser("submit", help="validate a TranslationTraining file and apply it to the cluster "
                                       "(server-side apply, with the other documents of the file)")

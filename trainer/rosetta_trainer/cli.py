@@ -7,15 +7,8 @@ import argparse
 import sys
 
 from rosetta_contract.config import ConfigError
+from rosetta_contract.document_arguments import add_document_arguments
 from rosetta_trainer.data import DataError
-
-
-def add_document_arguments(p: argparse.ArgumentParser, *, required: bool = True,
-                           file_help: str = "TranslationTraining YAML") -> None:
-    """-f FILE and --set PATH=VALUE, the same for every command that reads a TranslationTraining."""
-    p.add_argument("-f", "--file", required=required, help=file_help)
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
-                   help="override a field, e.g. --set spec.training.maxSteps=100 (repeatable)")
 
 
 def _count(minimum: int):
@@ -182,12 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_trainer_commands(sub)
-    try:
-        from rosetta_operator.cli import add_commands
-    except ImportError:  # the operator package is optional in a trainer-only install
-        pass
-    else:
-        add_commands(sub)
+    from rosetta_operator.cli import add_commands  # one wheel ships both packages
+
+    add_commands(sub)
     return parser
 
 

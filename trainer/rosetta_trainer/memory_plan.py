@@ -455,7 +455,7 @@ def cluster_of(spec, gpu_memory: str | None = None) -> Cluster:
         raise PlanSkipped("gpusPerNode is 0 (CPU training): there is no GPU memory to plan")
     labels: dict[str, str] = {}
     if hasattr(spec, "network"):
-        from rosetta_contract.profiles import PROFILES  # the cluster fields are the operator's
+        from rosetta_contract.profiles import PROFILES
 
         labels.update(PROFILES[spec.network.profile].node_selector)
         labels.update(spec.scheduling.node_selector)
@@ -632,11 +632,9 @@ def plan_command(args) -> int:
     """`rosetta plan -f FILE [--gpu-memory 80GiB] [--json]`."""
     from rich.console import Console
 
-    try:
-        from rosetta_contract.spec import load_training as load
-    except ImportError:  # a trainer-only install: the cluster fields are then ignored
-        from rosetta_contract.config import load_document as load
-    spec = load(args.file, args.overrides).spec
+    from rosetta_contract.spec import load_training
+
+    spec = load_training(args.file, args.overrides).spec
     try:
         plan = plan_spec(spec, args.gpu_memory)
     except PlanSkipped as exc:
