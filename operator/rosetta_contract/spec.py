@@ -35,8 +35,10 @@ from rosetta_contract.config import (
     Metadata,
     Model,
     TrainerSpec,
+    TrainingDocument,
     apply_overrides,
     format_errors,
+    parse_document,
     read_yaml,
 )
 from rosetta_contract.profiles import PROFILES, USER_OVERRIDABLE
@@ -801,8 +803,17 @@ def load_training(path: str | Path, overrides: list[str] | None = None,
     return parse_training(raw, str(path), allow_host_path=allow_host_path)
 
 
+def load_for_trainer(path: str | Path, overrides: list[str] | None = None) -> tuple[TrainingDocument, dict]:
+    """The trainer's view of a file (and the raw document it came from), judged by the cluster's rules
+    first, cluster fields included: a file that runs under `rosetta train`, `prepare`, `stage` or
+    `evaluate` is one the operator accepts. hostPath is the operator's admin decision, not the file's."""
+    raw = apply_overrides(read_yaml(path), overrides or [], str(path))
+    parse_training(raw, str(path), allow_host_path=True)
+    return parse_document(raw, str(path)), raw
+
+
 __all__ = [
     "DEFAULT_IMAGE", "LAUNCHER_ENV", "LAUNCHER_ENV_PREFIXES", "CLUSTER_FIELDS", "TranslationTraining",
     "TranslationTrainingSpec", "VolumeSpec", "EnvVar", "is_secret_env", "launcher_env_owner", "load_training",
-    "parse_spec", "parse_training", "plain", "ConfigError",
+    "load_for_trainer", "parse_spec", "parse_training", "plain", "ConfigError",
 ]

@@ -22,18 +22,14 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from rosetta_contract.config import ConfigError, TrainingDocument, apply_overrides, parse_document, read_yaml
+from rosetta_contract.config import ConfigError, TrainingDocument
 
 
 def train_from_file(path: str, output: str | None = None, overrides: list[str] | None = None,
                     progress: bool = True) -> dict:
-    from rosetta_contract.spec import parse_training
+    from rosetta_contract.spec import load_for_trainer
 
-    raw = apply_overrides(read_yaml(path), overrides or [], str(path))
-    # The cluster's rules first (cluster fields included), so a file that trains here is one the
-    # operator accepts; hostPath is the operator's admin decision, not the file's.
-    parse_training(raw, str(path), allow_host_path=True)
-    document = parse_document(raw, str(path))  # fails before any work, listing every error
+    document, raw = load_for_trainer(path, overrides)  # fails before any work, listing every error
     if document.spec.mode == "evaluate":
         raise ConfigError([("spec.mode", "evaluate trains nothing: run `rosetta evaluate -f FILE` "
                                          "(or `rosetta run -f FILE`)")])

@@ -404,8 +404,7 @@ def prepare_corpus(root: Path, tokenizer, sources: list[str], targets: list[str]
 def prepare_command(args) -> int:
     """`rosetta prepare`: read and check the data, train or load the tokenizer as `rosetta train`
     would, and write the prepared training data under <output>/prepared/."""
-    from rosetta_contract.config import apply_overrides, parse_document, read_yaml
-    from rosetta_contract.spec import parse_training
+    from rosetta_contract.spec import load_for_trainer
     from rosetta_trainer import checkpoint as ckpt
     from rosetta_trainer.__main__ import _prepare_tokenizer
     from rosetta_trainer.data_checks import describe, read_checked
@@ -415,9 +414,7 @@ def prepare_command(args) -> int:
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    raw = apply_overrides(read_yaml(args.file), args.overrides or [], str(args.file))
-    parse_training(raw, str(args.file), allow_host_path=True)
-    document = parse_document(raw, str(args.file))
+    document, _raw = load_for_trainer(args.file, args.overrides)
     spec = document.spec
     output = Path(args.output or Path("runs") / document.metadata.name)
     output.mkdir(parents=True, exist_ok=True)

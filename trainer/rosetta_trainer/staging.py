@@ -128,13 +128,11 @@ def _copy_hub(source: StagingSpec, into: Path) -> int:
 
 def stage_command(args) -> int:
     """`rosetta stage`: copy the spec's model.source and data.source into place (the stage job)."""
-    from rosetta_contract.config import apply_overrides, parse_document, read_yaml
-    from rosetta_contract.spec import parse_training
+    from rosetta_contract.spec import load_for_trainer
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    raw = apply_overrides(read_yaml(args.file), args.overrides or [], str(args.file))
-    parse_training(raw, str(args.file), allow_host_path=True)
-    spec = parse_document(raw, str(args.file)).spec
+    document, _raw = load_for_trainer(args.file, args.overrides)
+    spec = document.spec
     done = stage_all(spec)
     if not done:
         print("nothing to stage: the spec has no model.source or data.source", flush=True)
