@@ -36,7 +36,7 @@ lint: install
 
 # mypy with pydantic's plugin over the contract package that both sides build on.
 typecheck: install
-	cd operator && ../$(VENV)/bin/mypy --config-file ../pyproject.toml -p rosetta_contract
+	$(VENV)/bin/mypy -p rosetta_contract
 
 # Rosetta against Hugging Face's Seq2SeqTrainer (docs/benchmarks.md); BENCH_ARGS="--steps 600 ..."
 BENCH_STAMP := $(VENV)/.installed-bench

@@ -19,6 +19,6 @@ class Phase:
     TERMINAL = frozenset({SUCCEEDED, FAILED})
 
 
-# In the order a training usually meets them (the CRD's enum, the operator's phase gauge).
-PHASES = (Phase.PENDING, Phase.QUEUED, Phase.RUNNING, Phase.SUSPENDED, Phase.RESTARTING, Phase.SUCCEEDED,
-          Phase.FAILED)
+# In the order Phase declares them, the order a training usually meets them (the CRD's enum, the
+# operator's phase gauge).
+PHASES = tuple(value for name, value in vars(Phase).items() if name.isupper() and isinstance(value, str))

@@ -803,17 +803,21 @@ def load_training(path: str | Path, overrides: list[str] | None = None,
     return parse_training(raw, str(path), allow_host_path=allow_host_path)
 
 
-def load_for_trainer(path: str | Path, overrides: list[str] | None = None) -> tuple[TrainingDocument, dict]:
-    """The trainer's view of a file (and the raw document it came from), judged by the cluster's rules
-    first, cluster fields included: a file that runs under `rosetta train`, `prepare`, `stage` or
-    `evaluate` is one the operator accepts. hostPath is the operator's admin decision, not the file's."""
-    raw = apply_overrides(read_yaml(path), overrides or [], str(path))
-    parse_training(raw, str(path), allow_host_path=True)
-    return parse_document(raw, str(path)), raw
+def parse_for_trainer(raw: Any, source: str | None = None) -> TrainingDocument:
+    """The trainer's view of a document, judged by the cluster's rules first, cluster fields included:
+    a file that runs under `rosetta train`, `prepare`, `stage` or `evaluate` is one the operator
+    accepts. hostPath is the operator's admin decision, not the file's."""
+    parse_training(raw, source, allow_host_path=True)
+    return parse_document(raw, source)
+
+
+def load_for_trainer(path: str | Path, overrides: list[str] | None = None) -> TrainingDocument:
+    """Read a TranslationTraining YAML file, apply `a.b=value` overrides, parse_for_trainer."""
+    return parse_for_trainer(apply_overrides(read_yaml(path), overrides or [], str(path)), str(path))
 
 
 __all__ = [
     "DEFAULT_IMAGE", "LAUNCHER_ENV", "LAUNCHER_ENV_PREFIXES", "CLUSTER_FIELDS", "TranslationTraining",
     "TranslationTrainingSpec", "VolumeSpec", "EnvVar", "is_secret_env", "launcher_env_owner", "load_training",
-    "load_for_trainer", "parse_spec", "parse_training", "plain", "ConfigError",
+    "load_for_trainer", "parse_for_trainer", "parse_spec", "parse_training", "plain", "ConfigError",
 ]

@@ -22,14 +22,15 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from rosetta_contract.config import ConfigError, TrainingDocument
+from rosetta_contract.config import ConfigError, TrainingDocument, apply_overrides, read_yaml
 
 
 def train_from_file(path: str, output: str | None = None, overrides: list[str] | None = None,
                     progress: bool = True) -> dict:
-    from rosetta_contract.spec import load_for_trainer
+    from rosetta_contract.spec import parse_for_trainer
 
-    document, raw = load_for_trainer(path, overrides)  # fails before any work, listing every error
+    raw = apply_overrides(read_yaml(path), overrides or [], str(path))
+    document = parse_for_trainer(raw, str(path))  # fails before any work, listing every error
     if document.spec.mode == "evaluate":
         raise ConfigError([("spec.mode", "evaluate trains nothing: run `rosetta evaluate -f FILE` "
                                          "(or `rosetta run -f FILE`)")])

@@ -318,7 +318,7 @@ def evaluate_command(args) -> int:
         # A pretrained model as it is (mode: evaluate): the YAML's model.name, hub id or path.
         if not args.file:
             raise ConfigError([("--checkpoint", "pass a checkpoint, or -f with a YAML whose model.name to evaluate")])
-        spec = load_for_trainer(args.file, args.overrides)[0].spec
+        spec = load_for_trainer(args.file, args.overrides).spec
         model, tokenizer = load_pretrained_for_inference(spec, world.device)
         checkpoint = Path(spec.model.name)
     else:
@@ -329,7 +329,7 @@ def evaluate_command(args) -> int:
                 print(f"evaluating {checkpoint} ({args.pick}) on {world.device}", file=sys.stderr)
         model, tokenizer, spec = load_checkpoint_for_inference(checkpoint, world.device)
         if args.file:
-            spec = load_for_trainer(args.file, args.overrides)[0].spec
+            spec = load_for_trainer(args.file, args.overrides).spec
     if spec is None:
         raise ConfigError([("-f", f"{args.checkpoint} has no training.yaml; pass the YAML with -f")])
     examples = read_split(spec.data, args.split)

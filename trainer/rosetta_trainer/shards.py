@@ -414,7 +414,7 @@ def prepare_command(args) -> int:
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    document, _raw = load_for_trainer(args.file, args.overrides)
+    document = load_for_trainer(args.file, args.overrides)
     spec = document.spec
     output = Path(args.output or Path("runs") / document.metadata.name)
     output.mkdir(parents=True, exist_ok=True)

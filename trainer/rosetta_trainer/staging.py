@@ -131,8 +131,7 @@ def stage_command(args) -> int:
     from rosetta_contract.spec import load_for_trainer
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    document, _raw = load_for_trainer(args.file, args.overrides)
-    spec = document.spec
+    spec = load_for_trainer(args.file, args.overrides).spec
     done = stage_all(spec)
     if not done:
         print("nothing to stage: the spec has no model.source or data.source", flush=True)
