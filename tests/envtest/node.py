@@ -120,6 +120,7 @@ class RealNode:
         self._unmount_all(STATE)
         try:
             self._start_containerd()
+            self.remove_superseded_images()
             self._load_pause()
             self._start_kubelet()
             self._start_kube_proxy()
@@ -245,6 +246,21 @@ state = '{STATE / "state"}'
     def has_image(self, ref: str) -> bool:
         return bool(self._ctr("images", "list", "--quiet", f"name=={_qualified(ref)}", check=False).stdout.strip())
 
+    def images(self) -> dict[str, str]:
+        """Every name in the node's store and the manifest digest it points at."""
+        rows = [line.split() for line in self._ctr("images", "list", check=False).stdout.splitlines()[1:]]
+        return {row[0]: row[2] for row in rows if len(row) >= 3}
+
+    def remove_superseded_images(self) -> None:
+        """CRI gives every image in its namespace a second name, its ID (`sha256:...`). Untagging a
+        superseded build leaves it alive under that name: several GB of trainer per source change, until
+        the disk fills. An ID that no tag points at any more is such a build."""
+        images = self.images()
+        tagged = {digest for ref, digest in images.items() if not ref.startswith("sha256:")}
+        orphans = [ref for ref, digest in images.items() if ref.startswith("sha256:") and digest not in tagged]
+        if orphans:
+            self._ctr("images", "rm", "--sync", *orphans, timeout=600)
+
     def load_image(self, ref: str, *also: str, docker: str = "docker") -> bool:
         """Copy `ref` from the Docker engine into the node (once per image ID) and tag it `also`.
         Returns whether it was copied (False: already there)."""
@@ -256,7 +272,8 @@ state = '{STATE / "state"}'
             # layers before the new one arrives, so the store holds one copy, not one per source change.
             for name in (ref, *also):
                 if self.has_image(name):
-                    self._ctr("images", "rm", "--sync", _qualified(name), timeout=600)
+                    self._ctr("images", "rm", _qualified(name), timeout=600)
+            self.remove_superseded_images()
             save = subprocess.Popen([docker, "save", ref], stdout=subprocess.PIPE)
             try:
                 self._ctr("images", "import", "-", stdin=save.stdout, timeout=1800)
