@@ -142,6 +142,8 @@ def prepare(args, work: Path) -> tuple[Path, str]:
         "kind": "TranslationTraining",
         "metadata": {"name": "bench-hf-seq2seq"},
         "spec": {
+            # A CUDA run is a one-GPU node to the spec's rules, as on the cluster.
+            **({"gpusPerNode": 1} if args.device == "cuda" else {}),
             "model": {"name": str((work / "init-model").resolve())},
             "tokenizer": {"path": str((work / "tokenizer").resolve())},
             "data": data,
