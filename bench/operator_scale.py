@@ -394,7 +394,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         env["PYTHONUNBUFFERED"] = "1"
         scope = ["--all-namespaces"] if args.all_namespaces else \
             [a for ns in [warmup_ns, *namespaces] for a in ("--namespace", ns)]
-        cmd = [sys.executable, "-m", "rosetta_trainer.cli", "operator", *scope,
+        cmd = [sys.executable, "-m", "rosetta_cli", "operator", *scope,
                "--liveness-port", "0", "--metrics-port", str(metrics_port)]
         op_log = workdir / "operator.log"
         log(f"starting the operator: {' '.join(cmd[1:])}")

@@ -121,7 +121,7 @@ def training_file(tmp_path: Path, name: str) -> Path:
 
 def rosetta(cluster, *args: str) -> tuple[int, str, str]:
     """`rosetta ARGS` in this process (a verb is a function call): (exit status, stdout, stderr)."""
-    from rosetta_trainer.cli import main
+    from rosetta_cli.main import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -136,7 +136,7 @@ class Follower:
     """`rosetta logs -f` as its own process; its output collected as it comes."""
 
     def __init__(self, cluster, *args: str):
-        self.proc = subprocess.Popen([sys.executable, "-m", "rosetta_trainer.cli", "logs", "-f", *args],
+        self.proc = subprocess.Popen([sys.executable, "-m", "rosetta_cli", "logs", "-f", *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env={**os.environ, "KUBECONFIG": cluster.kubeconfig})
         self.out: list[str] = []
@@ -307,7 +307,7 @@ def test_a_training_from_submit_to_delete(live_cluster, live_namespace, live_ope
 def serve_tensorboard(cluster, namespace: str, name: str, logdir: Path) -> None:
     """`rosetta tensorboard NAME` until TensorBoard answers with the copied scalar."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "rosetta_trainer.cli", "tensorboard", name, "-n", namespace,
+    proc = subprocess.Popen([sys.executable, "-m", "rosetta_cli", "tensorboard", name, "-n", namespace,
                              "--logdir", str(logdir), "--port", str(port), "--refresh", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "KUBECONFIG": cluster.kubeconfig})

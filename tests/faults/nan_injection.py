@@ -5,7 +5,7 @@ batch would. Runs under torchrun like `-m rosetta_trainer`."""
 import os
 import sys
 
-from rosetta_trainer.cli import main
+from rosetta_cli.main import main
 from rosetta_trainer.loop import Trainer
 
 POISONED = {int(s) for s in sys.argv[1].split(",")}

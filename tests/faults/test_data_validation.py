@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rosetta_cli.main import main
 from rosetta_contract.config import DataSpec
 from rosetta_contract.exits import DATA_INVALID_EXIT, TERMINATION_PREFIX
-from rosetta_trainer.cli import main
 from rosetta_trainer.corpus import generate_pairs
 from rosetta_trainer.data import DataError
 from rosetta_trainer.data_checks import read_checked

@@ -20,13 +20,13 @@ import re
 import pytest
 import yaml
 
+from rosetta_cli.main import main
 from rosetta_contract.profiles import PROFILES
 from rosetta_contract.resource import Phase
 from rosetta_contract.spec import MAX_NAME_LENGTH, TRAINER_UID, ConfigError, is_secret_env, parse_spec, parse_training
 from rosetta_operator.crd import build_crd, spec_schema
 from rosetta_operator.render import SCRATCH_MOUNTS, label_value, render
 from rosetta_operator.status import ConditionType, Reason
-from rosetta_trainer.cli import main
 from support.cluster import GROUP, JS_GROUP, JS_PLURAL, JS_VERSION, PLURAL, REPO, VERSION, Cluster, wait_for
 from unit.openapi_check import assert_valid_jobset, cel_failures, schema_errors, with_defaults
 

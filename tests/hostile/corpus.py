@@ -25,7 +25,7 @@ from typing import Callable, Optional
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 HEADER_KEYS = ("expect", "why", "exit", "cluster", "cluster-expect", "valid")
-CONFIG_ERROR_EXIT = 2  # rosetta_trainer.cli: a ConfigError
+CONFIG_ERROR_EXIT = 2  # rosetta_contract.exits: a ConfigError
 # A refusal is read by a person: a few lines, not a page (a message quotes at most 1000 characters of a value).
 MAX_LINES = 12
 MAX_CHARS = 6000

@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 
 from hostile.corpus import CORPUS, all_cases, committed, headers, refusal_problems
+from rosetta_cli.main import main
 from rosetta_contract import strict_yaml
 from rosetta_contract.exits import TERMINATION_LOG_ENV
-from rosetta_trainer.cli import main
 
 CASES = all_cases()
 SECRET_VAR = "ROSETTA_PLANTED_SECRET"

@@ -156,7 +156,7 @@ class OperatorProcess:
         env.pop("KUBERNETES_SERVICE_HOST", None)  # never the cluster this test process may run in
         self.log = Path(cluster.cp.workdir) / f"{log_name}.log"
         with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "rosetta_trainer.cli", "operator", *args],
+            self.proc = subprocess.Popen([sys.executable, "-m", "rosetta_cli", "operator", *args],
                                          stdout=out, stderr=subprocess.STDOUT, env=env)
 
     def wait_healthy(self, port: int, timeout: float = 60) -> None:

@@ -7,11 +7,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from rosetta_cli.main import main
 from rosetta_trainer import shards
 from rosetta_trainer.__main__ import train_from_file
 from rosetta_trainer.batching import encode
 from rosetta_trainer.checkpoint import latest_checkpoint
-from rosetta_trainer.cli import main
 from support.training import read_jsonl
 
 pytestmark = pytest.mark.slow

@@ -11,11 +11,11 @@ from contextlib import redirect_stdout
 import pytest
 import yaml
 
+from rosetta_cli.main import main
 from rosetta_contract import metric_names
 from rosetta_contract.spec import load_training
 from rosetta_operator.render import BASE_LABELS
 from rosetta_operator.render import render as render_training
-from rosetta_trainer.cli import main
 from support.chart import (
     CHART,
     MONITORING_APIS,

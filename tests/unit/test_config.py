@@ -164,7 +164,7 @@ def test_config_imports_without_torch():
 
 
 def test_cli_reports_errors_with_exit_code_2(tmp_path, capsys):
-    from rosetta_trainer.cli import main
+    from rosetta_cli.main import main
 
     path = tmp_path / "t.yaml"
     path.write_text(yaml.safe_dump(minimal(training={"maxSteps": 0})))

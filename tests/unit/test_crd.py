@@ -11,11 +11,11 @@ import yaml
 from openapi_check import cel_failures, cel_holds, schema_errors, with_defaults
 from pydantic import BaseModel
 
+from rosetta_cli.main import main
 from rosetta_contract.resource import PHASES
 from rosetta_contract.spec import ConfigError, TranslationTrainingSpec, parse_training
 from rosetta_operator import status as st
 from rosetta_operator.crd import build_crd, cel_rules
-from rosetta_trainer.cli import main
 from support.cel_cases import CASES, _raw
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,12 +12,12 @@ import pytest
 import yaml
 from openapi_check import assert_valid_jobset, cel_failures, schema_errors, with_defaults
 
+from rosetta_cli.main import main
 from rosetta_contract.config import read_yaml
 from rosetta_contract.profiles import EFA_RESOURCE
 from rosetta_contract.spec import TranslationTrainingSpec, load_training
 from rosetta_operator.crd import build_crd
 from rosetta_operator.render import render
-from rosetta_trainer.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES_DIR = ROOT / "manifests" / "examples"

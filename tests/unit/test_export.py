@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForSeq2SeqLM, T5Config
 
-from rosetta_trainer.cli import main
+from rosetta_cli.main import main
 from rosetta_trainer.evaluate import Generation, load_checkpoint_for_inference, translate
 from rosetta_trainer.export import CTranslate2Model, ExportError, export_ctranslate2, is_ctranslate2_dir
 from rosetta_trainer.models import untie_output

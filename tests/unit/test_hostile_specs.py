@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rosetta_cli.main import main
 from rosetta_contract import strict_yaml
 from rosetta_contract.config import apply_overrides, load_document, read_yaml
 from rosetta_contract.spec import ConfigError, parse_spec, parse_training
-from rosetta_trainer.cli import main
 
 GOOD = {
     "apiVersion": "rosetta.dev/v1alpha1", "kind": "TranslationTraining", "metadata": {"name": "mt"},

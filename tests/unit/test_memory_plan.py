@@ -17,8 +17,8 @@ import torch.nn.functional as F
 import yaml
 from transformers import AutoModelForSeq2SeqLM, T5Config
 
+from rosetta_cli.main import main
 from rosetta_trainer import memory_plan as mp
-from rosetta_trainer.cli import main
 from rosetta_trainer.memory_plan import Batch, Cluster, GiB, Setting
 
 # A tiny T5 whose parameter count is derived by hand below.
@@ -370,7 +370,7 @@ def test_validate_of_cpu_training_does_not_import_torch(tmp_path):
                                                      "persistentVolumeClaim": {"claimName": "runs"}}])
     doc["spec"]["training"]["device"] = "cpu"
     path.write_text(yaml.safe_dump(doc))
-    code = ("import sys; from rosetta_trainer.cli import main; rc = main(['validate', '-f', sys.argv[1]]); "
+    code = ("import sys; from rosetta_cli.main import main; rc = main(['validate', '-f', sys.argv[1]]); "
             "assert 'torch' not in sys.modules, 'torch was imported'; sys.exit(rc)")
     result = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

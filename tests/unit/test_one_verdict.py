@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from rosetta_trainer.cli import main
+from rosetta_cli.main import main
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"
 # Cluster fields: the trainer ignores them when it runs, but they must still be valid.

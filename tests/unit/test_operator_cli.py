@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rosetta_trainer.cli import main
+from rosetta_cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = {

@@ -163,7 +163,7 @@ class Block:
         if name.split(".")[0] in BLOCKED:
             raise ImportError("the operator image has no " + name)
 sys.meta_path.insert(0, Block())
-import rosetta_trainer.cli, rosetta_contract.config, rosetta_operator.main, rosetta_operator.handlers
+import rosetta_cli.main, rosetta_trainer.cli, rosetta_contract.config, rosetta_operator.main, rosetta_operator.handlers
 import rosetta_operator.cli
 assert "torch" not in sys.modules
 """

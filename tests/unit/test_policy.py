@@ -10,11 +10,11 @@ import kopf
 import pytest
 import yaml
 
+from rosetta_cli.main import main
 from rosetta_contract.spec import parse_spec
 from rosetta_operator import handlers
 from rosetta_operator import status as st
 from rosetta_operator.policy import Policy, PolicyError, PolicyViolation, load_policy, normalized_image, violations
-from rosetta_trainer.cli import main
 from support.cel_cases import BASE, SHARED_CHECKPOINTS
 from support.handler_api import NAME, api, memo, reconcile, training, warnings  # noqa: F401 - fixtures
 

@@ -13,6 +13,7 @@ import pytest
 import tomllib
 import yaml
 
+from rosetta_cli.main import build_parser, main
 from rosetta_contract.config import ConfigError
 from rosetta_operator import describe
 from rosetta_operator.event_files import extract
@@ -20,7 +21,6 @@ from rosetta_operator.kube import VerbError, connect
 from rosetta_operator.pod_logs import container_state, has_log, header, rank_pod
 from rosetta_operator.submit import kind_name, read_documents
 from rosetta_operator.verbs import duration_seconds, parse_for
-from rosetta_trainer.cli import build_parser, main
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "manifests" / "examples" / "quickstart-cpu.yaml"

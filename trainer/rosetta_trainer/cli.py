@@ -1,14 +1,15 @@
-"""`rosetta` command line. Subcommands import their heavy dependencies lazily so
-that `rosetta validate` or `rosetta crd` never pay for importing torch."""
+"""The trainer's commands (train, prepare, stage, evaluate, translate, average, export, plan).
+
+Subcommands import their heavy dependencies lazily, so that `rosetta validate` or `rosetta crd`
+(rosetta_cli, which adds these to the operator's) never pay for importing torch."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from rosetta_contract.config import ConfigError
 from rosetta_contract.document_arguments import add_document_arguments
-from rosetta_trainer.data import DataError
+from rosetta_contract.exits import DATA_INVALID_EXIT, exit_status
 
 
 def _count(minimum: int):
@@ -53,7 +54,7 @@ def generation_overrides(args) -> dict:
     return given
 
 
-def _add_trainer_commands(sub: argparse._SubParsersAction) -> None:
+def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a TranslationTraining in this process (or under torchrun)")
     add_document_arguments(p)
     p.add_argument("-o", "--output", help="output directory (default: runs/<metadata.name>)")
@@ -169,51 +170,34 @@ def _cmd_plan(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The trainer's commands alone: what a pod runs as `python -m rosetta_trainer` (the `rosetta`
+    command adds the operator's, rosetta_cli)."""
     from rosetta_trainer import __version__
 
-    parser = argparse.ArgumentParser(prog="rosetta", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m rosetta_trainer", description=__doc__.split("\n")[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    _add_trainer_commands(sub)
-    from rosetta_operator.cli import add_commands  # one wheel ships both packages
-
-    add_commands(sub)
+    add_commands(parser.add_subparsers(dest="command", required=True))
     return parser
 
 
-# Exit status of a run stopped by spec.training.nanPolicy: stop (2 is a configuration error).
-NON_FINITE_EXIT = 3
+def dispatch(args: argparse.Namespace) -> int:
+    """Run the parsed command; an expected error becomes one line and its status (rosetta_contract.exits)."""
+    try:
+        return args.func(args) or 0
+    except Exception as exc:
+        status = exit_status(exc)
+        if status is None:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        if status == DATA_INVALID_EXIT:
+            from rosetta_trainer.data_checks import report_data_invalid
+
+            report_data_invalid(exc)
+        return status
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return args.func(args) or 0
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except DataError as exc:
-        from rosetta_contract.exits import DATA_INVALID_EXIT
-        from rosetta_trainer.data_checks import report_data_invalid
-
-        print(f"error: {exc}", file=sys.stderr)
-        report_data_invalid(exc)
-        return DATA_INVALID_EXIT
-    except Exception as exc:
-        # Imported here: the loop imports torch, which `rosetta validate` must not pay for.
-        from rosetta_trainer.averaging import AveragingError
-        from rosetta_trainer.checkpoint import SharedStorageError
-        from rosetta_trainer.export import ExportError
-        from rosetta_trainer.loop import NonFiniteError
-
-        # Where the job runs, or what the checkpoints are: not a bug, no traceback.
-        if isinstance(exc, (SharedStorageError, AveragingError, ExportError)):
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        if not isinstance(exc, NonFiniteError):
-            raise
-        print(f"error: {exc}", file=sys.stderr)
-        return NON_FINITE_EXIT
+    return dispatch(build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":
