@@ -1,4 +1,8 @@
-"""kopf handlers: thin glue between the API and spec.py → render.py → status.py.
+"""The kopf handlers: what the operator does on each event (spec.py → render.py → status.py).
+
+Beside it: api_calls.py (the writes: status, JobSet, ConfigMap, refusals), operator_metrics.py (the
+operator's Prometheus metrics and the instrumented wrapper), event_memory.py (what repeats cost
+nothing), progress.py and scrape.py (rank 0's metrics → status.progress).
 
     TranslationTraining created / resumed / spec changed  →  reconcile()
         invalid spec       → status Failed + condition Valid=False (InvalidSpec) + Warning event; nothing created
@@ -16,32 +20,24 @@
         rank 0's pod IP → GET :spec.metrics.port/metrics → progress.py → status.progress (on change)
     any TranslationTraining event  →  count_phases()  →  the rosetta_operator_trainings{phase} gauge
 
-Status is written by one helper, `write_status`, with the parent's resourceVersion as a precondition,
-so the reconcile handler and the JobSet watch never overwrite each other's view. API calls are the
-operator's cost per training, so a first attempt trusts what the handler already holds (kopf's body
-of the training; the JobSet just created or read, or the watch event's own) and only a 409 conflict
-makes it read the training again (and reconcile the JobSet: its view may be older than the other
-writer's). Every JobSet change arrives as a watch event handled after it, so the last writer still
-saw the newest JobSet. It patches only when something changed.
+Status is written by one helper, api_calls.write_status, so the reconcile handler and the JobSet
+watch never overwrite each other's view (its docstring says how). Every JobSet change arrives as a watch
+event handled after it, so the last writer still saw the newest JobSet. It patches only when something
+changed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import copy
-import datetime
-import functools
 import json
 import logging
 import os
 import random
 import sys
-import threading
 import time
-from collections import Counter
-from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional
+from typing import Any, Mapping, Optional
 
 import kopf
 import kubernetes
@@ -49,12 +45,40 @@ import prometheus_client
 from kubernetes.client.rest import ApiException
 
 from rosetta_contract.config import ConfigError, MetricsSpec
-from rosetta_contract.resource import API_VERSION, GROUP, KIND, PHASES, PLURAL, VERSION
-from rosetta_contract.spec import FailurePolicySpec, TranslationTrainingSpec, parse_spec, parse_training, plain
+from rosetta_contract.resource import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from rosetta_contract.spec import TranslationTrainingSpec, parse_spec, parse_training, plain
 from rosetta_operator import policy as pol
 from rosetta_operator import progress as pr
 from rosetta_operator import scrape
 from rosetta_operator import status as st
+from rosetta_operator.api_calls import (
+    JOBSET_GROUP,
+    JOBSET_PLURAL,
+    JOBSET_VERSION,
+    check_owned,
+    create_jobset,
+    create_refusal,
+    ensure_configmap,
+    first_attempt_only,
+    get_jobset,
+    now,
+    owner_ref,
+    patch_jobset,
+    set_jobset_suspend,
+    write_status,
+)
+from rosetta_operator.event_memory import Decisions, OwnCreations
+from rosetta_operator.operator_metrics import (
+    PROGRESS_SCRAPES,
+    RECONCILE_ERRORS,
+    RECONCILE_SECONDS,
+    RECONCILES,
+    Wait,
+    count_phases,
+    instrumented,
+    record_outcome,
+    reset_phase_gauges,
+)
 from rosetta_operator.render import (
     EVALUATION_LABEL,
     TRAINING_LABEL,
@@ -69,7 +93,6 @@ from rosetta_operator.render import (
 # is refused with its field by spec.plain, which bounds the depth at strict_yaml.MAX_DEPTH.
 sys.setrecursionlimit(max(sys.getrecursionlimit(), 25_000))
 
-JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_PLURAL = "kueue.x-k8s.io", "v1beta1", "workloads"
 # Kueue labels each Workload with the uid of the job it admits.
 KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
@@ -100,177 +123,6 @@ DEFAULT_METRICS_PORT = MetricsSpec.model_fields["port"].default
 # no_pod or no_step; skipping it also spares a queued training kopf's finalizer patch. Restarting
 # stays so that a gang restart does not stop and restart the daemon (and its finalizer) each time.
 ACTIVE_PHASES = frozenset({st.Phase.RUNNING, st.Phase.RESTARTING})
-
-# The names are listed in metric_names.OPERATOR_METRICS; docs/observability.md describes them.
-RECONCILES = prometheus_client.Counter(
-    "rosetta_operator_reconciles", "Handler calls by handler and outcome", ["handler", "outcome"])
-RECONCILE_ERRORS = prometheus_client.Counter(
-    "rosetta_operator_reconcile_errors", "Handler calls that raised (kopf retries them)", ["handler"])
-RECONCILE_SECONDS = prometheus_client.Histogram(
-    "rosetta_operator_reconcile_seconds", "Wall seconds per handler call", ["handler"],
-    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
-TRAININGS = prometheus_client.Gauge(
-    "rosetta_operator_trainings", "TranslationTrainings by status.phase (Unknown: no status yet)", ["phase"])
-JOBSETS_CREATED = prometheus_client.Counter(
-    "rosetta_operator_jobsets_created", "JobSets created for TranslationTrainings")
-TIME_TO_RUNNING = prometheus_client.Histogram(
-    "rosetta_operator_time_to_running_seconds",
-    "Seconds from a TranslationTraining's creation to its first Running phase",
-    buckets=(5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400))
-STATUS_PATCHES = prometheus_client.Counter(
-    "rosetta_operator_status_patches", "TranslationTraining status patches (only sent on change)")
-# Per training, for the alert on restarts that use up failurePolicy.maxRestarts faster than the
-# training progresses; the labels are the trainer's own (namespace, training), so the two join.
-TRAINING_RESTARTS = prometheus_client.Gauge(
-    "rosetta_operator_training_restarts", "Gang restarts after a failure (status.restarts), which count "
-    "towards failurePolicy.maxRestarts", ["namespace", "training"])
-TRAINING_MAX_RESTARTS = prometheus_client.Gauge(
-    "rosetta_operator_training_max_restarts", "The training's spec.failurePolicy.maxRestarts",
-    ["namespace", "training"])
-PROGRESS_SCRAPES = prometheus_client.Counter(
-    "rosetta_operator_progress_scrapes", "Scrapes of rank 0's metrics by outcome "
-    "(updated, unchanged, no_pod, unreachable, too_large, no_step)", ["outcome"])
-for _phase in (*PHASES, "Unknown"):
-    TRAININGS.labels(_phase)  # every phase is exported, 0 when no training is in it
-for _outcome in ("updated", "unchanged", "no_pod", "unreachable", "too_large", "no_step"):
-    PROGRESS_SCRAPES.labels(_outcome)
-
-_handler_state = threading.local()
-
-
-class OwnCreations:
-    """JobSets this process created whose ADDED event it has not handled yet.
-
-    `reconcile` writes the first status from the JobSet its POST returned, so the ADDED event of
-    that same object (same resourceVersion) has nothing new to say; handling it anyway costs a
-    training GET and, when it lands between the POST and reconcile's status PATCH (often, under
-    load), a 409 for one of the two writers. Bounded: an event that never comes (a watch that
-    restarted past it) does not pin memory. Empty after a restart, when every JobSet's ADDED
-    event is handled as news.
-
-    The watch can deliver the ADDED event before the POST that caused it has returned here, so a
-    creation is announced by name first (`creating`) and `claim` waits, briefly, for its outcome.
-    """
-
-    def __init__(self, limit: int = 4096, wait_seconds: float = 10.0):
-        self.limit = limit
-        self.wait_seconds = wait_seconds
-        self._versions: dict[str, str] = {}
-        self._creating: dict[tuple[str, str], threading.Event] = {}
-        self._lock = threading.Lock()
-
-    @contextlib.contextmanager
-    def creating(self, namespace: str, name: str) -> Iterator[None]:
-        """Around the POST of JobSet `namespace/name` and the `add` of what it returned."""
-        key, done = (namespace, name), threading.Event()
-        with self._lock:
-            self._creating[key] = done
-        try:
-            yield
-        finally:
-            with self._lock:
-                if self._creating.get(key) is done:
-                    del self._creating[key]
-            done.set()
-
-    @staticmethod
-    def _identity(jobset: Mapping) -> Optional[tuple[str, str]]:
-        meta = jobset.get("metadata") or {}
-        uid, version = meta.get("uid"), meta.get("resourceVersion")
-        return (uid, version) if uid and version else None
-
-    def add(self, jobset: Mapping) -> None:
-        identity = self._identity(jobset)
-        if identity is None:
-            return
-        with self._lock:
-            self._versions[identity[0]] = identity[1]
-            while len(self._versions) > self.limit:
-                del self._versions[next(iter(self._versions))]  # the oldest (dicts keep insertion order)
-
-    def claim(self, jobset: Mapping) -> bool:
-        """True (once) when `jobset` is exactly what this process created."""
-        identity = self._identity(jobset)
-        if identity is None:
-            return False
-        uid, version = identity
-        meta = jobset["metadata"]
-        with self._lock:
-            pending = self._creating.get((meta.get("namespace"), meta.get("name")))
-        if pending is not None:
-            # Bounded: a POST that hangs must not stall the watch; the event is then handled as news.
-            pending.wait(self.wait_seconds)
-        with self._lock:
-            if self._versions.get(uid) != version:
-                return False
-            del self._versions[uid]
-            return True
-
-
-class Decisions:
-    """The last decision each Kueue Workload said, for at most `limit` of them (the oldest forgotten
-    first): an event that repeats it (Kueue's own bookkeeping) costs no API call."""
-
-    def __init__(self, limit: int = 4096):
-        self.limit = limit
-        self._last: dict[str, Any] = {}
-        self._lock = threading.Lock()
-
-    def changed(self, key: str, value: Any) -> bool:
-        """True, and remembered, when `value` is not what `key` said last."""
-        with self._lock:
-            if key in self._last and self._last[key] == value:
-                return False
-            self._last.pop(key, None)
-            self._last[key] = value
-            while len(self._last) > self.limit:
-                del self._last[next(iter(self._last))]
-            return True
-
-    def forget(self, key: str) -> None:
-        with self._lock:
-            self._last.pop(key, None)
-
-
-class Wait(kopf.TemporaryError):
-    """A retry that is planned, not a failure (a ResourceQuota that is full): kopf calls the handler
-    again after `delay`, and `instrumented` counts the call under `outcome`."""
-
-    def __init__(self, message: str, outcome: str, delay: float):
-        super().__init__(message, delay=delay)
-        self.outcome = outcome
-
-
-def record_outcome(outcome: str) -> None:
-    """Name how the running handler call ended (default: ok); the `instrumented` wrapper counts it."""
-    _handler_state.outcome = outcome
-
-
-def instrumented(handler: str) -> Callable:
-    """Count and time every call of a sync handler: outcome, errors, seconds. Sync handlers run in
-    kopf's worker threads, one call per thread at a time, so the outcome is a thread-local. A
-    `Wait` is counted under its own outcome, not as an error."""
-    def decorate(fn: Callable) -> Callable:
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            _handler_state.outcome = "ok"
-            started = time.perf_counter()
-            try:
-                result = fn(*args, **kwargs)
-            except Wait as wait:
-                RECONCILES.labels(handler, wait.outcome).inc()
-                raise
-            except Exception:
-                RECONCILE_ERRORS.labels(handler).inc()
-                RECONCILES.labels(handler, "error").inc()
-                raise
-            finally:
-                RECONCILE_SECONDS.labels(handler).observe(time.perf_counter() - started)
-            RECONCILES.labels(handler, _handler_state.outcome).inc()
-            return result
-        return wrapper
-    return decorate
-
 
 # ------------------------------------------------------------------------------ startup
 
@@ -321,13 +173,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
                                    or os.environ.get(PROGRESS_INTERVAL_ENV) or DEFAULT_PROGRESS_INTERVAL)
     memo.default_image = memo.get("default_image") or os.environ.get(DEFAULT_IMAGE_ENV) or None
     # The phase gauge is rebuilt from the watch's initial listing: forget an earlier run's view.
-    _PHASES.clear()
-    _publish_phases()
-    for labels in _NAMES.values():
-        for gauge in (TRAINING_RESTARTS, TRAINING_MAX_RESTARTS):
-            with contextlib.suppress(KeyError):
-                gauge.remove(*labels)
-    _NAMES.clear()
+    reset_phase_gauges()
     try:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
@@ -405,7 +251,7 @@ def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str, uid: 
             return  # for good: the next reconcile is the next edit of the spec (or an operator restart)
         logger.info("created JobSet %s and ConfigMap %s", jobset_name, rendered.names.configmap)
     else:
-        _check_owned(api, body, jobset)
+        check_owned(api, body, jobset)
 
     applied = _applied_spec_of(jobset, applied_spec)
     refused = st.changed_fields(applied, applied_spec, prefix="spec")
@@ -445,7 +291,7 @@ def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str, uid: 
                   st.Cond(st.ConditionType.CREATED, st.TRUE, st.Reason.JOBSET_CREATED,
                           f"JobSet {jobset_name}, ConfigMap {rendered.names.configmap}"),
                   spec_applied)
-    known = _first_attempt_only(jobset)
+    known = first_attempt_only(jobset)
 
     def compute(parent: Mapping, current: Mapping) -> dict:
         desired = observe(api, namespace, jobset_name, parent, current, known())
@@ -476,7 +322,7 @@ def reconcile_evaluation(api: kubernetes.client.ApiClient, body: kopf.Body, spec
         if exc.status == 409 and child.startswith("Job"):
             existing = api.sanitize_for_serialization(
                 kubernetes.client.BatchV1Api(api).read_namespaced_job(job_name, namespace))
-            _check_owned(api, body, existing)
+            check_owned(api, body, existing)
         else:
             refusal = create_refusal(exc)
             if refusal is None:
@@ -538,45 +384,6 @@ def report_invalid(api: kubernetes.client.ApiClient, body: kopf.Body, errors: li
     write_status(api, namespace, name, body.metadata["uid"], compute, parent=body)
 
 
-class Refusal(NamedTuple):
-    reason: str   # st.Reason.CREATE_REJECTED (for good) or st.Reason.QUOTA_EXCEEDED (for now)
-    message: str  # the API's, on one line
-
-
-def create_refusal(exc: ApiException) -> Optional[Refusal]:
-    """What the API's answer to creating a child means when retrying it as it is cannot help; None
-    when it can, and kopf retries with its backoff.
-
-    400 BadRequest, 413 RequestEntityTooLarge, 422 Invalid (schema, CEL, a ValidatingAdmissionPolicy)
-    and a 403 in which admission "denied the request" (a webhook, or a policy that answers Forbidden):
-    the same object would be refused again, so CreateRejected until the spec changes. A 403 from a
-    ResourceQuota ("exceeded quota") clears as other work ends: QuotaExceeded, and retried. Any other
-    403 (the operator's own RBAC, a namespace being deleted), 404 (no JobSet CRD yet), 409, 429 and
-    5xx are retried as they always were.
-    """
-    message = api_message(exc)
-    if exc.status in (400, 413, 422):
-        return Refusal(st.Reason.CREATE_REJECTED, message)
-    if exc.status == 403:
-        if "exceeded quota" in message:
-            return Refusal(st.Reason.QUOTA_EXCEEDED, message)
-        if "denied the request" in message or "denied request" in message:
-            return Refusal(st.Reason.CREATE_REJECTED, message)
-    return None
-
-
-def api_message(exc: ApiException, limit: int = 800) -> str:
-    """The Status message of an API error, on one line and cut to `limit` (it may quote the object,
-    whose values are the user's own spec: nothing from a Secret is ever rendered into it)."""
-    message = ""
-    try:
-        message = str((json.loads(exc.body or "") or {}).get("message") or "")
-    except (ValueError, TypeError, AttributeError):
-        pass
-    text = " ".join((message or f"{exc.status} {exc.reason or ''}").split())
-    return st.truncate(text, limit)
-
-
 def report_refused(api: kubernetes.client.ApiClient, body: kopf.Body, message: str, reason: str,
                    logger: logging.Logger) -> None:
     """The API refused the ConfigMap or JobSet: Created=False with its message, and a Warning event
@@ -616,7 +423,7 @@ def jobset_changed(event: Mapping, body: kopf.Body, namespace: str, memo: kopf.M
     """The JobSet controller moved: mirror it. The event's body is the JobSet, so it is not read
     again, not even after a conflict: kopf hands one JobSet's events over in order, so any newer
     state comes as a later event and is written by a later call."""
-    owner = _owner_ref(body)
+    owner = owner_ref(body)
     if owner is None or (event.get("type") == "ADDED" and memo.own_creations.claim(body)):
         record_outcome("ignored")
         return
@@ -693,7 +500,7 @@ def start_evaluation(api: kubernetes.client.ApiClient, namespace: str, owner: Ma
 def evaluation_changed(event: Mapping, body: kopf.Body, namespace: str, memo: kopf.Memo, **_: Any) -> None:
     """The evaluation Job moved: status.evaluation and the Evaluated condition follow it; once it
     finished, its pod's termination message gives the scores."""
-    owner = _owner_ref(body)
+    owner = owner_ref(body)
     if owner is None or event.get("type") == "DELETED":
         return  # a deleted Job leaves the last status it wrote
     api = memo.api_client
@@ -823,7 +630,7 @@ def workload_changed(event: Mapping, body: kopf.Body, namespace: str, uid: str, 
         if owner is None:
             record_outcome("ignored")
             return
-        known = _first_attempt_only(jobset)
+        known = first_attempt_only(jobset)
         write_status(api, namespace, owner["name"], owner["uid"], lambda parent, current: observe(
             api, namespace, ref["name"], parent, current, known(), workload))
     except Exception:
@@ -863,7 +670,7 @@ def scheduling_changed(api: kubernetes.client.ApiClient, namespace: str, jobset_
     if owner is None:
         record_outcome("ignored")
         return
-    known = _first_attempt_only(jobset)
+    known = first_attempt_only(jobset)
     turned: list[Mapping] = []  # the training, when this write turned the condition False
 
     def compute(parent: Mapping, current: Mapping) -> dict:
@@ -889,7 +696,7 @@ def _jobset_and_training(api: kubernetes.client.ApiClient, namespace: str, jobse
     if jobset is None or (jobset_uid and jobset["metadata"].get("uid") != jobset_uid) \
             or TRAINING_LABEL not in (jobset["metadata"].get("labels") or {}):
         return jobset, None
-    return jobset, _owner_ref(jobset)
+    return jobset, owner_ref(jobset)
 
 
 def hold_in_queue(api: kubernetes.client.ApiClient, namespace: str, jobset: Mapping, hold: bool) -> None:
@@ -920,66 +727,11 @@ def get_workload(api: kubernetes.client.ApiClient, namespace: str, jobset: Mappi
 
 # ------------------------------------------------------------------------ phase gauge
 
-_PHASES: dict[str, str] = {}   # uid → phase of every TranslationTraining the watch has seen
-_NAMES: dict[str, tuple[str, str]] = {}   # uid → (namespace, name): the restart gauges' labels
-_PHASES_LOCK = threading.Lock()
-
-
 @kopf.on.event(GROUP, VERSION, PLURAL, id="count_phases")
 async def on_training_event(event: Mapping, body: kopf.Body, uid: str, **_: Any) -> None:
     """Async on purpose: it only touches memory, so it runs on kopf's event loop at once instead of
     queueing for a worker thread behind the reconciles (about three events per training)."""
     count_phases(event=event, body=body, uid=uid)
-
-
-def count_phases(event: Mapping, body: Mapping, uid: str, **_: Any) -> None:
-    """Keep rosetta_operator_trainings{phase} equal to what the API holds, deletions included.
-    Called on the event loop; the lock is for the startup hook's reset, which runs in a worker thread
-    before any watch starts, and costs nothing uncontended."""
-    with _PHASES_LOCK:
-        if event.get("type") == "DELETED":
-            _PHASES.pop(uid, None)
-        else:
-            _PHASES[uid] = (body.get("status") or {}).get("phase") or "Unknown"
-        _publish_phases()
-        _publish_restarts(event, body, uid)
-
-
-def _publish_restarts(event: Mapping, body: Mapping, uid: str) -> None:
-    """rosetta_operator_training_(max_)restarts of one training; its series go with it."""
-    meta = body.get("metadata") or {}
-    if event.get("type") == "DELETED" or not meta.get("name"):
-        labels = _NAMES.pop(uid, None)
-        if labels:
-            for gauge in (TRAINING_RESTARTS, TRAINING_MAX_RESTARTS):
-                with contextlib.suppress(KeyError):
-                    gauge.remove(*labels)
-        return
-    labels = _NAMES[uid] = (meta.get("namespace") or "", meta["name"])
-    policy = (body.get("spec") or {}).get("failurePolicy") or {}
-    max_restarts = policy.get("maxRestarts")
-    if max_restarts is None:
-        max_restarts = FailurePolicySpec().max_restarts
-    TRAINING_RESTARTS.labels(*labels).set(int((body.get("status") or {}).get("restarts") or 0))
-    TRAINING_MAX_RESTARTS.labels(*labels).set(int(max_restarts))
-
-
-def _publish_phases() -> None:
-    counts = Counter(_PHASES.values())
-    for phase in {*PHASES, "Unknown", *counts}:
-        TRAININGS.labels(phase).set(counts.get(phase, 0))
-
-
-def _observe_time_to_running(created: Optional[str], started: str) -> None:
-    try:
-        seconds = (_parse_time(started) - _parse_time(created)).total_seconds()
-    except (TypeError, ValueError):
-        return
-    TIME_TO_RUNNING.observe(max(0.0, seconds))
-
-
-def _parse_time(stamp: Optional[str]) -> datetime.datetime:
-    return datetime.datetime.strptime(str(stamp), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.timezone.utc)
 
 
 # ----------------------------------------------------------------------------- progress
@@ -1067,139 +819,7 @@ def update_progress(api: kubernetes.client.ApiClient, namespace: str, name: str,
     return outcome
 
 
-# ------------------------------------------------------------------------------ API calls
-
-
-def now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def write_status(api: kubernetes.client.ApiClient, namespace: str, name: str, uid: str,
-                 compute: Callable[[Mapping, Mapping], dict], attempts: int = 8,
-                 parent: Optional[Mapping] = None) -> None:
-    """Compute the training's desired status, patch what changed, retry on conflict.
-
-    `parent` is the training as the caller already has it (kopf's body): the first attempt uses it
-    instead of a read. That is safe because the patch carries its resourceVersion: if the training
-    changed since, the apiserver answers 409 and every later attempt reads it afresh.
-    """
-    custom = kubernetes.client.CustomObjectsApi(api)
-    known = copy.deepcopy(dict(parent)) if parent is not None else None
-    for _attempt in range(attempts):
-        if known is not None:
-            parent, known = known, None
-        else:
-            try:
-                parent = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-            except ApiException as exc:
-                if exc.status == 404:
-                    return
-                raise
-        meta = parent["metadata"]
-        if meta["uid"] != uid or meta.get("deletionTimestamp"):
-            return  # a newer object with the same name, or on its way out: not ours to describe
-        current = parent.get("status") or {}
-        patch = st.status_patch(current, compute(parent, current))
-        if patch is None:
-            return
-        body = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": patch}
-        try:
-            custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name, body)
-            STATUS_PATCHES.inc()
-            if patch.get("startTime") and not current.get("startTime"):
-                _observe_time_to_running(meta.get("creationTimestamp"), patch["startTime"])
-            return
-        except ApiException as exc:
-            if exc.status == 404:
-                return  # deleted since the parent was read: nothing left to describe
-            if exc.status != 409:
-                raise
-    raise kopf.TemporaryError(f"status of {namespace}/{name} kept changing; retrying", delay=1)
-
-
-def _first_attempt_only(value: Optional[Mapping]) -> Callable[[], Optional[Mapping]]:
-    """`value` on the first call, None after: what a handler held before a 409 conflict is stale."""
-    box = [value]
-    return lambda: box.pop() if box else None
-
-
-def get_jobset(api: kubernetes.client.ApiClient, namespace: str, name: str) -> Optional[dict]:
-    try:
-        return kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object(
-            JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, name)
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
-
-
-def create_jobset(api: kubernetes.client.ApiClient, owner: kopf.Body, jobset: dict) -> dict:
-    """Create, or adopt the one a previous attempt created (409): never a second JobSet."""
-    namespace = jobset["metadata"]["namespace"]
-    try:
-        created = kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
-            JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, jobset)
-        JOBSETS_CREATED.inc()
-        return created
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-    existing = get_jobset(api, namespace, jobset["metadata"]["name"])
-    if existing is None:  # deleted between our create and read: let kopf call us again
-        raise kopf.TemporaryError("JobSet vanished while being created", delay=1)
-    _check_owned(api, owner, existing)
-    return existing
-
-
-def ensure_configmap(api: kubernetes.client.ApiClient, owner: kopf.Body, configmap: dict) -> None:
-    """Create the ConfigMap, or bring ours up to date: it may be left from an attempt that stopped
-    before its JobSet was created, with an older spec."""
-    core = kubernetes.client.CoreV1Api(api)
-    namespace, name = configmap["metadata"]["namespace"], configmap["metadata"]["name"]
-    try:
-        core.create_namespaced_config_map(namespace, configmap)
-        return
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-    existing = core.read_namespaced_config_map(name, namespace)
-    _check_owned(api, owner, {"kind": "ConfigMap", **api.sanitize_for_serialization(existing)})
-    if existing.data != configmap.get("data"):
-        core.patch_namespaced_config_map(name, namespace, {"data": configmap.get("data")})
-
-
-def patch_jobset(api: kubernetes.client.ApiClient, namespace: str, name: str, patch: dict) -> dict:
-    """Returns the patched JobSet."""
-    return kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
-        JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, name, patch)
-
-
-def set_jobset_suspend(api: kubernetes.client.ApiClient, namespace: str, name: str, suspend: bool) -> dict:
-    """Returns the patched JobSet."""
-    return patch_jobset(api, namespace, name, {"spec": {"suspend": suspend}})
-
-
-def _check_owned(api: kubernetes.client.ApiClient, owner: kopf.Body, child: Mapping) -> None:
-    """A same-named child that is not ours (another tool's, or the previous incarnation's still
-    being garbage-collected) is never touched; the condition says so and kopf retries later."""
-    uid = owner.metadata["uid"]
-    if any(ref.get("uid") == uid for ref in child["metadata"].get("ownerReferences") or []):
-        return
-    kind = child.get("kind") or "object"
-    message = f"{kind} {child['metadata']['name']} exists and is not owned by this TranslationTraining"
-    conflict = st.Cond(st.ConditionType.CREATED, st.FALSE, st.Reason.NAME_CONFLICT, message)
-    generation = owner.metadata.get("generation")
-    write_status(api, owner.metadata["namespace"], owner.metadata["name"], uid, lambda parent, current: {
-        **current, "conditions": st.upsert_conditions(current.get("conditions") or [], [conflict],
-                                                      now=now(), generation=generation)})
-    raise kopf.TemporaryError(message, delay=30)
-
-
-def _owner_ref(child: Mapping) -> Optional[Mapping]:
-    for ref in child.get("metadata", {}).get("ownerReferences") or []:
-        if ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(f"{GROUP}/"):
-            return ref
-    return None
+# ------------------------------------------------------------------ the spec a JobSet was built from
 
 
 def with_default_image(spec: Mapping, image: Optional[str]) -> dict:

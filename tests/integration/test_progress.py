@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from control_plane import free_port
 from rosetta_contract.metric_names import OPERATOR_METRICS, TRAINER_METRICS
-from rosetta_operator import handlers
+from rosetta_operator import handlers, operator_metrics
 from rosetta_operator.render import COMPLETION_INDEX
 from rosetta_trainer.telemetry import Telemetry
 from support.cluster import REPO, Cluster, OperatorProcess, wait_for
@@ -130,9 +130,9 @@ def test_progress_comes_from_rank0s_endpoint(cluster, namespace, fast_progress, 
     assert sample("rosetta_operator_time_to_running_seconds_count") >= 1
     assert sample("rosetta_operator_trainings", {"phase": "Running"}) >= 1
     uid = obj["metadata"]["uid"]
-    assert handlers._PHASES.get(uid) == "Running"
+    assert operator_metrics._PHASES.get(uid) == "Running"
     cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "mt")
-    wait_for(lambda: uid not in handlers._PHASES, "the deleted training to leave the phase gauge")
+    wait_for(lambda: uid not in operator_metrics._PHASES, "the deleted training to leave the phase gauge")
 
 
 def exposed(text: str) -> set[str]:

@@ -15,7 +15,7 @@ import kubernetes
 import pytest
 from kubernetes.client.rest import ApiException
 
-from rosetta_operator import handlers
+from rosetta_operator import event_memory, handlers
 from rosetta_operator import status as st
 from support.cel_cases import BASE, SHARED_CHECKPOINTS
 
@@ -124,8 +124,8 @@ def warnings(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
 
 def memo(api: FakeAPI) -> kopf.Memo:
     return kopf.Memo(api_client=SimpleNamespace(sanitize_for_serialization=lambda o: o), allow_host_path=False,
-                     own_creations=handlers.OwnCreations(), unschedulable_pods=st.UnschedulablePods(),
-                     workload_decisions=handlers.Decisions())
+                     own_creations=event_memory.OwnCreations(), unschedulable_pods=st.UnschedulablePods(),
+                     workload_decisions=event_memory.Decisions())
 
 
 def training(api: FakeAPI, **spec) -> dict:

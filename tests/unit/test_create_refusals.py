@@ -9,7 +9,7 @@ import kopf
 import pytest
 from kubernetes.client.rest import ApiException
 
-from rosetta_operator import handlers
+from rosetta_operator import api_calls, handlers
 from rosetta_operator import status as st
 from support.handler_api import NAME, api, memo, reconcile, training, warnings  # noqa: F401 - fixtures
 
@@ -44,7 +44,7 @@ def error(status: int, message: str = "", reason: str = "") -> ApiException:
     (503, "", None),
 ])
 def test_which_refusals_are_for_good(status, message, reason):
-    refusal = handlers.create_refusal(error(status, message))
+    refusal = api_calls.create_refusal(error(status, message))
     assert (refusal.reason if refusal else None) == reason
     if refusal:
         assert refusal.message == message
@@ -52,9 +52,9 @@ def test_which_refusals_are_for_good(status, message, reason):
 
 def test_the_apis_message_is_one_line_and_bounded():
     exc = error(422, "line one\nline two  " + "x" * 5000)
-    message = handlers.api_message(exc)
+    message = api_calls.api_message(exc)
     assert message.startswith("line one line two x") and len(message) <= 800 and "\n" not in message
-    assert handlers.api_message(ApiException(status=502, reason="Bad Gateway")) == "502 Bad Gateway"
+    assert api_calls.api_message(ApiException(status=502, reason="Bad Gateway")) == "502 Bad Gateway"
 
 
 CREATE = {"jobsets": "create_namespaced_custom_object", "configmaps": "create_namespaced_config_map"}

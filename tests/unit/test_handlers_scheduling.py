@@ -9,7 +9,7 @@ import logging
 import kopf
 
 from rosetta_contract.spec import parse_spec
-from rosetta_operator import handlers
+from rosetta_operator import event_memory, handlers
 from rosetta_operator import status as st
 from rosetta_operator.render import APPLIED_SUSPEND, render
 from support.handler_api import (  # noqa: F401 - api and warnings are fixtures
@@ -128,7 +128,7 @@ def test_a_training_waiting_for_kueue_is_queued_with_kueues_reason(api, warnings
 
 
 def test_decisions_are_bounded():
-    decisions = handlers.Decisions(limit=2)
+    decisions = event_memory.Decisions(limit=2)
     assert decisions.changed("a", 1) and not decisions.changed("a", 1) and decisions.changed("a", 2)
     decisions.changed("b", 1)
     decisions.changed("c", 1)

@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from rosetta_contract.metric_names import OPERATOR_METRICS
-from rosetta_operator import handlers
+from rosetta_operator import operator_metrics
 
 
 def value(name: str, **labels) -> float:
@@ -14,11 +14,11 @@ def value(name: str, **labels) -> float:
 
 
 def test_instrumented_counts_outcomes_errors_and_time():
-    @handlers.instrumented("unit")
+    @operator_metrics.instrumented("unit")
     def handler(fail: bool = False, **_):
         if fail:
             raise RuntimeError("boom")
-        handlers.record_outcome("applied")
+        operator_metrics.record_outcome("applied")
 
     handler()
     with pytest.raises(RuntimeError):
@@ -32,9 +32,9 @@ def test_instrumented_counts_outcomes_errors_and_time():
 def test_a_planned_wait_is_counted_under_its_outcome_not_as_an_error():
     import kopf
 
-    @handlers.instrumented("unit-wait")
+    @operator_metrics.instrumented("unit-wait")
     def handler(**_):
-        raise handlers.Wait("quota is full", "quota", delay=30)
+        raise operator_metrics.Wait("quota is full", "quota", delay=30)
 
     with pytest.raises(kopf.TemporaryError):
         handler()
@@ -44,11 +44,11 @@ def test_a_planned_wait_is_counted_under_its_outcome_not_as_an_error():
 
 
 def test_phase_gauge_follows_transitions_and_deletions():
-    handlers._PHASES.clear()
+    operator_metrics._PHASES.clear()
 
     def event(uid, phase=None, type_="MODIFIED"):
         body = {"status": {"phase": phase}} if phase else {}
-        handlers.count_phases(event={"type": type_}, body=body, uid=uid)
+        operator_metrics.count_phases(event={"type": type_}, body=body, uid=uid)
 
     event("a")
     event("b", "Running")
@@ -61,13 +61,13 @@ def test_phase_gauge_follows_transitions_and_deletions():
     event("a", "Succeeded")
     assert value("rosetta_operator_trainings", phase="Running") == 0
     assert value("rosetta_operator_trainings", phase="Succeeded") == 1
-    handlers._PHASES.clear()
+    operator_metrics._PHASES.clear()
 
 
 def test_time_to_running_is_measured_from_creation():
     before = value("rosetta_operator_time_to_running_seconds_sum")
-    handlers._observe_time_to_running("2026-01-01T00:00:00Z", "2026-01-01T00:02:30Z")
-    handlers._observe_time_to_running(None, "2026-01-01T00:02:30Z")  # unknown creation: skipped
+    operator_metrics.observe_time_to_running("2026-01-01T00:00:00Z", "2026-01-01T00:02:30Z")
+    operator_metrics.observe_time_to_running(None, "2026-01-01T00:02:30Z")  # unknown creation: skipped
     assert value("rosetta_operator_time_to_running_seconds_sum") - before == 150
 
 
@@ -79,7 +79,7 @@ def test_listed_names_are_registered():
 
 def test_restart_gauges_follow_each_training_and_go_with_it():
     def event(uid, type_="MODIFIED", **body):
-        handlers.count_phases(event={"type": type_}, body={"metadata": {"name": uid, "namespace": "ml"}, **body},
+        operator_metrics.count_phases(event={"type": type_}, body={"metadata": {"name": uid, "namespace": "ml"}, **body},
                               uid=uid)
 
     event("r1")
@@ -91,4 +91,4 @@ def test_restart_gauges_follow_each_training_and_go_with_it():
     event("r1", type_="DELETED")
     assert REGISTRY.get_sample_value("rosetta_operator_training_restarts", {"namespace": "ml", "training": "r1"}) \
         is None
-    handlers._PHASES.clear()
+    operator_metrics._PHASES.clear()

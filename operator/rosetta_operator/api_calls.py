@@ -1,0 +1,195 @@
+"""The operator's writes to the API: the training's status (one writer, conflict-safe), the JobSet and
+ConfigMap it owns, and what a refused create means.
+
+Status is written with the parent's resourceVersion as a precondition, so the reconcile handler and the
+JobSet watch never overwrite each other's view; a first attempt trusts what the caller already holds
+and only a 409 makes it read again.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+from typing import Callable, Mapping, NamedTuple, Optional
+
+import kopf
+import kubernetes
+from kubernetes.client.rest import ApiException
+
+from rosetta_contract.resource import GROUP, KIND, PLURAL, VERSION
+from rosetta_operator import status as st
+from rosetta_operator.operator_metrics import JOBSETS_CREATED, STATUS_PATCHES, observe_time_to_running
+
+JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def write_status(api: kubernetes.client.ApiClient, namespace: str, name: str, uid: str,
+                 compute: Callable[[Mapping, Mapping], dict], attempts: int = 8,
+                 parent: Optional[Mapping] = None) -> None:
+    """Compute the training's desired status, patch what changed, retry on conflict.
+
+    `parent` is the training as the caller already has it (kopf's body): the first attempt uses it
+    instead of a read. That is safe because the patch carries its resourceVersion: if the training
+    changed since, the apiserver answers 409 and every later attempt reads it afresh.
+    """
+    custom = kubernetes.client.CustomObjectsApi(api)
+    known = copy.deepcopy(dict(parent)) if parent is not None else None
+    for _attempt in range(attempts):
+        if known is not None:
+            parent, known = known, None
+        else:
+            try:
+                parent = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return
+                raise
+        meta = parent["metadata"]
+        if meta["uid"] != uid or meta.get("deletionTimestamp"):
+            return  # a newer object with the same name, or on its way out: not ours to describe
+        current = parent.get("status") or {}
+        patch = st.status_patch(current, compute(parent, current))
+        if patch is None:
+            return
+        body = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": patch}
+        try:
+            custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name, body)
+            STATUS_PATCHES.inc()
+            if patch.get("startTime") and not current.get("startTime"):
+                observe_time_to_running(meta.get("creationTimestamp"), patch["startTime"])
+            return
+        except ApiException as exc:
+            if exc.status == 404:
+                return  # deleted since the parent was read: nothing left to describe
+            if exc.status != 409:
+                raise
+    raise kopf.TemporaryError(f"status of {namespace}/{name} kept changing; retrying", delay=1)
+
+
+def first_attempt_only(value: Optional[Mapping]) -> Callable[[], Optional[Mapping]]:
+    """`value` on the first call, None after: what a handler held before a 409 conflict is stale."""
+    box = [value]
+    return lambda: box.pop() if box else None
+
+
+def get_jobset(api: kubernetes.client.ApiClient, namespace: str, name: str) -> Optional[dict]:
+    try:
+        return kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object(
+            JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, name)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def create_jobset(api: kubernetes.client.ApiClient, owner: kopf.Body, jobset: dict) -> dict:
+    """Create, or adopt the one a previous attempt created (409): never a second JobSet."""
+    namespace = jobset["metadata"]["namespace"]
+    try:
+        created = kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
+            JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, jobset)
+        JOBSETS_CREATED.inc()
+        return created
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    existing = get_jobset(api, namespace, jobset["metadata"]["name"])
+    if existing is None:  # deleted between our create and read: let kopf call us again
+        raise kopf.TemporaryError("JobSet vanished while being created", delay=1)
+    check_owned(api, owner, existing)
+    return existing
+
+
+def ensure_configmap(api: kubernetes.client.ApiClient, owner: kopf.Body, configmap: dict) -> None:
+    """Create the ConfigMap, or bring ours up to date: it may be left from an attempt that stopped
+    before its JobSet was created, with an older spec."""
+    core = kubernetes.client.CoreV1Api(api)
+    namespace, name = configmap["metadata"]["namespace"], configmap["metadata"]["name"]
+    try:
+        core.create_namespaced_config_map(namespace, configmap)
+        return
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    existing = core.read_namespaced_config_map(name, namespace)
+    check_owned(api, owner, {"kind": "ConfigMap", **api.sanitize_for_serialization(existing)})
+    if existing.data != configmap.get("data"):
+        core.patch_namespaced_config_map(name, namespace, {"data": configmap.get("data")})
+
+
+def patch_jobset(api: kubernetes.client.ApiClient, namespace: str, name: str, patch: dict) -> dict:
+    """Returns the patched JobSet."""
+    return kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, name, patch)
+
+
+def set_jobset_suspend(api: kubernetes.client.ApiClient, namespace: str, name: str, suspend: bool) -> dict:
+    """Returns the patched JobSet."""
+    return patch_jobset(api, namespace, name, {"spec": {"suspend": suspend}})
+
+
+def check_owned(api: kubernetes.client.ApiClient, owner: kopf.Body, child: Mapping) -> None:
+    """A same-named child that is not ours (another tool's, or the previous incarnation's still
+    being garbage-collected) is never touched; the condition says so and kopf retries later."""
+    uid = owner.metadata["uid"]
+    if any(ref.get("uid") == uid for ref in child["metadata"].get("ownerReferences") or []):
+        return
+    kind = child.get("kind") or "object"
+    message = f"{kind} {child['metadata']['name']} exists and is not owned by this TranslationTraining"
+    conflict = st.Cond(st.ConditionType.CREATED, st.FALSE, st.Reason.NAME_CONFLICT, message)
+    generation = owner.metadata.get("generation")
+    write_status(api, owner.metadata["namespace"], owner.metadata["name"], uid, lambda parent, current: {
+        **current, "conditions": st.upsert_conditions(current.get("conditions") or [], [conflict],
+                                                      now=now(), generation=generation)})
+    raise kopf.TemporaryError(message, delay=30)
+
+
+def owner_ref(child: Mapping) -> Optional[Mapping]:
+    for ref in child.get("metadata", {}).get("ownerReferences") or []:
+        if ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(f"{GROUP}/"):
+            return ref
+    return None
+
+
+class Refusal(NamedTuple):
+    reason: str   # st.Reason.CREATE_REJECTED (for good) or st.Reason.QUOTA_EXCEEDED (for now)
+    message: str  # the API's, on one line
+
+
+def create_refusal(exc: ApiException) -> Optional[Refusal]:
+    """What the API's answer to creating a child means when retrying it as it is cannot help; None
+    when it can, and kopf retries with its backoff.
+
+    400 BadRequest, 413 RequestEntityTooLarge, 422 Invalid (schema, CEL, a ValidatingAdmissionPolicy)
+    and a 403 in which admission "denied the request" (a webhook, or a policy that answers Forbidden):
+    the same object would be refused again, so CreateRejected until the spec changes. A 403 from a
+    ResourceQuota ("exceeded quota") clears as other work ends: QuotaExceeded, and retried. Any other
+    403 (the operator's own RBAC, a namespace being deleted), 404 (no JobSet CRD yet), 409, 429 and
+    5xx are retried as they always were.
+    """
+    message = api_message(exc)
+    if exc.status in (400, 413, 422):
+        return Refusal(st.Reason.CREATE_REJECTED, message)
+    if exc.status == 403:
+        if "exceeded quota" in message:
+            return Refusal(st.Reason.QUOTA_EXCEEDED, message)
+        if "denied the request" in message or "denied request" in message:
+            return Refusal(st.Reason.CREATE_REJECTED, message)
+    return None
+
+
+def api_message(exc: ApiException, limit: int = 800) -> str:
+    """The Status message of an API error, on one line and cut to `limit` (it may quote the object,
+    whose values are the user's own spec: nothing from a Secret is ever rendered into it)."""
+    message = ""
+    try:
+        message = str((json.loads(exc.body or "") or {}).get("message") or "")
+    except (ValueError, TypeError, AttributeError):
+        pass
+    text = " ".join((message or f"{exc.status} {exc.reason or ''}").split())
+    return st.truncate(text, limit)

@@ -1,0 +1,167 @@
+"""The operator's own Prometheus metrics: handler calls (outcome, errors, seconds), trainings per
+phase, gang restarts per training, time to Running, status patches and progress scrapes.
+
+The names are listed in rosetta_contract.metric_names.OPERATOR_METRICS, which the chart's dashboards
+and alerts are checked against; docs/observability.md describes them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import functools
+import threading
+import time
+from collections import Counter
+from typing import Any, Callable, Mapping, Optional
+
+import kopf
+import prometheus_client
+
+from rosetta_contract.resource import PHASES
+from rosetta_contract.spec import FailurePolicySpec
+
+RECONCILES = prometheus_client.Counter(
+    "rosetta_operator_reconciles", "Handler calls by handler and outcome", ["handler", "outcome"])
+RECONCILE_ERRORS = prometheus_client.Counter(
+    "rosetta_operator_reconcile_errors", "Handler calls that raised (kopf retries them)", ["handler"])
+RECONCILE_SECONDS = prometheus_client.Histogram(
+    "rosetta_operator_reconcile_seconds", "Wall seconds per handler call", ["handler"],
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+TRAININGS = prometheus_client.Gauge(
+    "rosetta_operator_trainings", "TranslationTrainings by status.phase (Unknown: no status yet)", ["phase"])
+JOBSETS_CREATED = prometheus_client.Counter(
+    "rosetta_operator_jobsets_created", "JobSets created for TranslationTrainings")
+TIME_TO_RUNNING = prometheus_client.Histogram(
+    "rosetta_operator_time_to_running_seconds",
+    "Seconds from a TranslationTraining's creation to its first Running phase",
+    buckets=(5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400))
+STATUS_PATCHES = prometheus_client.Counter(
+    "rosetta_operator_status_patches", "TranslationTraining status patches (only sent on change)")
+# Per training, for the alert on restarts that use up failurePolicy.maxRestarts faster than the
+# training progresses; the labels are the trainer's own (namespace, training), so the two join.
+TRAINING_RESTARTS = prometheus_client.Gauge(
+    "rosetta_operator_training_restarts", "Gang restarts after a failure (status.restarts), which count "
+    "towards failurePolicy.maxRestarts", ["namespace", "training"])
+TRAINING_MAX_RESTARTS = prometheus_client.Gauge(
+    "rosetta_operator_training_max_restarts", "The training's spec.failurePolicy.maxRestarts",
+    ["namespace", "training"])
+PROGRESS_SCRAPES = prometheus_client.Counter(
+    "rosetta_operator_progress_scrapes", "Scrapes of rank 0's metrics by outcome "
+    "(updated, unchanged, no_pod, unreachable, too_large, no_step)", ["outcome"])
+for _phase in (*PHASES, "Unknown"):
+    TRAININGS.labels(_phase)  # every phase is exported, 0 when no training is in it
+for _outcome in ("updated", "unchanged", "no_pod", "unreachable", "too_large", "no_step"):
+    PROGRESS_SCRAPES.labels(_outcome)
+
+_handler_state = threading.local()
+
+
+class Wait(kopf.TemporaryError):
+    """A retry that is planned, not a failure (a ResourceQuota that is full): kopf calls the handler
+    again after `delay`, and `instrumented` counts the call under `outcome`."""
+
+    def __init__(self, message: str, outcome: str, delay: float):
+        super().__init__(message, delay=delay)
+        self.outcome = outcome
+
+
+def record_outcome(outcome: str) -> None:
+    """Name how the running handler call ended (default: ok); the `instrumented` wrapper counts it."""
+    _handler_state.outcome = outcome
+
+
+def instrumented(handler: str) -> Callable:
+    """Count and time every call of a sync handler: outcome, errors, seconds. Sync handlers run in
+    kopf's worker threads, one call per thread at a time, so the outcome is a thread-local. A
+    `Wait` is counted under its own outcome, not as an error."""
+    def decorate(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            _handler_state.outcome = "ok"
+            started = time.perf_counter()
+            try:
+                result = fn(*args, **kwargs)
+            except Wait as wait:
+                RECONCILES.labels(handler, wait.outcome).inc()
+                raise
+            except Exception:
+                RECONCILE_ERRORS.labels(handler).inc()
+                RECONCILES.labels(handler, "error").inc()
+                raise
+            finally:
+                RECONCILE_SECONDS.labels(handler).observe(time.perf_counter() - started)
+            RECONCILES.labels(handler, _handler_state.outcome).inc()
+            return result
+        return wrapper
+    return decorate
+
+
+# ------------------------------------------------------------------------ phase gauge
+
+_PHASES: dict[str, str] = {}   # uid → phase of every TranslationTraining the watch has seen
+_NAMES: dict[str, tuple[str, str]] = {}   # uid → (namespace, name): the restart gauges' labels
+_PHASES_LOCK = threading.Lock()
+
+
+
+def reset_phase_gauges() -> None:
+    """Forget an earlier run's view: the phase gauge is rebuilt from the watch's initial listing."""
+    with _PHASES_LOCK:
+        _PHASES.clear()
+        _publish_phases()
+        for labels in _NAMES.values():
+            for gauge in (TRAINING_RESTARTS, TRAINING_MAX_RESTARTS):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(*labels)
+        _NAMES.clear()
+
+
+def count_phases(event: Mapping, body: Mapping, uid: str, **_: Any) -> None:
+    """Keep rosetta_operator_trainings{phase} equal to what the API holds, deletions included.
+    Called on the event loop; the lock is for the startup hook's reset, which runs in a worker thread
+    before any watch starts, and costs nothing uncontended."""
+    with _PHASES_LOCK:
+        if event.get("type") == "DELETED":
+            _PHASES.pop(uid, None)
+        else:
+            _PHASES[uid] = (body.get("status") or {}).get("phase") or "Unknown"
+        _publish_phases()
+        _publish_restarts(event, body, uid)
+
+
+def _publish_restarts(event: Mapping, body: Mapping, uid: str) -> None:
+    """rosetta_operator_training_(max_)restarts of one training; its series go with it."""
+    meta = body.get("metadata") or {}
+    if event.get("type") == "DELETED" or not meta.get("name"):
+        labels = _NAMES.pop(uid, None)
+        if labels:
+            for gauge in (TRAINING_RESTARTS, TRAINING_MAX_RESTARTS):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(*labels)
+        return
+    labels = _NAMES[uid] = (meta.get("namespace") or "", meta["name"])
+    policy = (body.get("spec") or {}).get("failurePolicy") or {}
+    max_restarts = policy.get("maxRestarts")
+    if max_restarts is None:
+        max_restarts = FailurePolicySpec().max_restarts
+    TRAINING_RESTARTS.labels(*labels).set(int((body.get("status") or {}).get("restarts") or 0))
+    TRAINING_MAX_RESTARTS.labels(*labels).set(int(max_restarts))
+
+
+def _publish_phases() -> None:
+    counts = Counter(_PHASES.values())
+    for phase in {*PHASES, "Unknown", *counts}:
+        TRAININGS.labels(phase).set(counts.get(phase, 0))
+
+
+def observe_time_to_running(created: Optional[str], started: str) -> None:
+    try:
+        seconds = (_parse_time(started) - _parse_time(created)).total_seconds()
+    except (TypeError, ValueError):
+        return
+    TIME_TO_RUNNING.observe(max(0.0, seconds))
+
+
+def _parse_time(stamp: Optional[str]) -> datetime.datetime:
+    return datetime.datetime.strptime(str(stamp), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.timezone.utc)
