@@ -1032,16 +1032,6 @@ class TrainerSpec(Model):
         return len(self.data.target_langs or ()) > 1 or is_t5
 
 
-# Top-level spec keys that belong to the cluster (the operator's spec model
-# validates them). The trainer ignores exactly these, so a typo anywhere else is
-# still an error; a test keeps this set equal to the operator's extra fields.
-CLUSTER_KEYS = frozenset({
-    "image", "imagePullPolicy", "imagePullSecrets", "nodes", "gpusPerNode", "procsPerNode", "launcher",
-    "resources", "network", "env", "volumes", "scheduling", "suspend", "failurePolicy",
-    "ttlSecondsAfterFinished", "serviceAccountName", "podSecurity", "terminationGracePeriodSeconds",
-})
-
-
 class Metadata(BaseModel):
     model_config = ConfigDict(extra="allow")
     name: str = Field(..., min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -1127,7 +1117,11 @@ def parse_document(raw: Any, source: str | None = None, model: type[BaseModel] =
     if not isinstance(raw, dict):
         raise ConfigError([("(document)", "expected a YAML mapping with apiVersion, kind and spec")], source)
     if model is TrainingDocument and isinstance(raw.get("spec"), dict):
-        raw = {**raw, "spec": {k: v for k, v in raw["spec"].items() if k not in CLUSTER_KEYS}}
+        # The trainer ignores exactly the fields the cluster's spec adds to TrainerSpec, so a typo
+        # anywhere else is still an error. Imported here: spec.py builds on this module.
+        from rosetta_contract.spec import CLUSTER_FIELDS
+
+        raw = {**raw, "spec": {k: v for k, v in raw["spec"].items() if k not in CLUSTER_FIELDS}}
     try:
         return model.model_validate(raw, by_name=False)  # camelCase only, as in the CRD
     except ValidationError as exc:

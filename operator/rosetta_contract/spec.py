@@ -2,7 +2,7 @@
 
 The CRD schema is generated from these models (crd.py), so descriptions here are
 what `kubectl explain translationtraining.spec` shows. The trainer ignores
-exactly the keys added here (config.CLUSTER_KEYS); a unit test keeps the two equal.
+exactly the keys added here (CLUSTER_FIELDS, derived from the two models).
 """
 
 from __future__ import annotations
@@ -709,6 +709,7 @@ class TranslationTrainingSpec(TrainerSpec):
         return next((v for v in self.volumes if v.purpose == purpose), None)
 
 
+# The top-level keys this spec adds to the trainer's: what config.parse_document leaves to the cluster.
 CLUSTER_FIELDS = frozenset(
     TranslationTrainingSpec.model_fields[f].alias for f in
     set(TranslationTrainingSpec.model_fields) - set(TrainerSpec.model_fields)

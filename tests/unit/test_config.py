@@ -8,7 +8,6 @@ import pytest
 import yaml
 
 from rosetta_contract.config import (
-    CLUSTER_KEYS,
     ConfigError,
     apply_overrides,
     load_document,
@@ -16,6 +15,7 @@ from rosetta_contract.config import (
     read_yaml,
     task_prefix,
 )
+from rosetta_contract.spec import CLUSTER_FIELDS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -93,7 +93,7 @@ def test_every_error_is_listed_at_once():
 
 def test_cluster_keys_are_ignored_by_the_trainer_but_typos_are_not():
     raw = minimal()
-    raw["spec"].update({key: None for key in CLUSTER_KEYS})
+    raw["spec"].update({key: None for key in CLUSTER_FIELDS})
     parse_document(raw)
     raw["spec"]["nodez"] = 2
     assert "spec.nodez" in errors_of(raw)

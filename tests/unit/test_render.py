@@ -9,9 +9,9 @@ import pytest
 import yaml
 from openapi_check import assert_valid_jobset, jobset_schema, schema_errors
 
-from rosetta_contract.config import CLUSTER_KEYS, TrainerSpec, parse_document
+from rosetta_contract.config import TrainerSpec, parse_document
 from rosetta_contract.profiles import EFA_RESOURCE, PROFILES
-from rosetta_contract.spec import ConfigError, parse_spec
+from rosetta_contract.spec import CLUSTER_FIELDS, ConfigError, parse_spec
 from rosetta_operator.render import (
     APPLIED_SUSPEND,
     COMPLETION_INDEX,
@@ -96,7 +96,7 @@ def test_training_yaml_parses_back_into_the_same_trainer_spec(trainer_patch):
     assert document.spec == TrainerSpec.model_validate(raw)
     # cluster fields ride along (the trainer ignores exactly those) with their resolved values
     spec = yaml.safe_load(text)["spec"]
-    assert CLUSTER_KEYS <= set(spec) | {"procsPerNode", "imagePullPolicy", "ttlSecondsAfterFinished",
+    assert CLUSTER_FIELDS <= set(spec) | {"procsPerNode", "imagePullPolicy", "ttlSecondsAfterFinished",
                                         "serviceAccountName", "terminationGracePeriodSeconds"}
     assert (spec["nodes"], spec["suspend"], spec["failurePolicy"]) == (2, True, {"maxRestarts": 3})
 

@@ -9,7 +9,6 @@ from rosetta_trainer.scoring import (
     gender_correct,
     gender_scores,
     gender_words,
-    per_language_scores,
 )
 
 MTGENEVAL = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "mt-geneval"
@@ -164,32 +163,44 @@ def test_mtgeneval_en_de_discriminates():
 # ----------------------------------------------------------- per language
 
 
-def test_per_language_scores_split_and_average():
-    de_h, de_r = ["Das ist gut.", "Ich habe Hunger."], ["Das ist gut.", "Ich bin hungrig."]
+def examples(hyps_refs_langs, genders=None, counterfactuals=None):
+    from rosetta_trainer.data import Example
+
+    rows = list(hyps_refs_langs)
+    genders = genders or [None] * len(rows)
+    counterfactuals = counterfactuals or [None] * len(rows)
+    return [Example(source="-", target=ref, target_lang=lang, gender=g, counterfactual=c)
+            for (_, ref, lang), g, c in zip(rows, genders, counterfactuals)]
+
+
+def test_evaluation_scores_each_language_alone_and_reports_their_mean():
+    from rosetta_trainer.evaluate import score
+
+    # Three German sentences, two French: a mean weighted by sentences would differ.
+    de_h = ["Das ist gut.", "Ich habe Hunger.", "Der Hund schläft im Garten."]
+    de_r = ["Das ist gut.", "Ich bin hungrig.", "Der Hund schläft im Garten."]
     fr_h, fr_r = ["C'est bon.", "J'ai faim."], ["C'est bien.", "J'ai faim."]
-    hyps, refs = [de_h[0], fr_h[0], de_h[1], fr_h[1]], [de_r[0], fr_r[0], de_r[1], fr_r[1]]
-    langs = ["de", "fr", "de", "fr"]
+    rows = [(de_h[0], de_r[0], "de"), (fr_h[0], fr_r[0], "fr"), (de_h[1], de_r[1], "de"), (fr_h[1], fr_r[1], "fr"),
+            (de_h[2], de_r[2], "de")]
 
-    out = per_language_scores(hyps, refs, langs, metrics=("bleu", "chrf"))
-    assert set(out["by_language"]) == {"de", "fr"}
+    out = score(examples(rows), [h for h, _, _ in rows], ["bleu", "chrf"])
+    assert set(out["langs"]) == {"de", "fr"} and out["samples"] == 5
     for lang, h, r in (("de", de_h, de_r), ("fr", fr_h, fr_r)):
-        assert out["by_language"][lang] == corpus_scores(h, r, lang)
-    assert out["overall"]["n"] == 4 and out["overall"]["languages"] == 2
+        # Each language with its own BLEU tokenizer, not one corpus score over the concatenation.
+        assert out["langs"][lang] == corpus_scores(h, r, lang, ["bleu", "chrf"])
     for metric in ("bleu", "chrf"):
-        expected = (out["by_language"]["de"][metric] + out["by_language"]["fr"][metric]) / 2
-        assert out["overall"][metric] == pytest.approx(expected)
+        # Unweighted: each language counts the same however many sentences it has.
+        assert out[metric] == pytest.approx((out["langs"]["de"][metric] + out["langs"]["fr"][metric]) / 2)
+    assert "bleu_signature" not in out  # two tokenizers: no single signature at the top
 
 
-def test_per_language_scores_with_gender():
-    hyps = [FEM_REF, "Sie hat sein Buch gegeben.", "Elle est avocate."]
-    refs = [FEM_REF, FEM_REF, "Elle est avocate."]
-    out = per_language_scores(
-        hyps, refs, ["de", "de", "fr"],
-        genders=["feminine", "feminine", None], counterfactuals=[MASC_REF, MASC_REF, None],
-    )
-    assert out["by_language"]["de"]["gender"]["accuracy_feminine"] == pytest.approx(50.0)
-    assert "gender" not in out["by_language"]["fr"]
-    assert out["overall"]["gender"]["count_feminine"] == 2
-    assert out["overall"]["gender"]["accuracy_feminine"] == pytest.approx(50.0)
-    with pytest.raises(ValueError, match="both"):
-        per_language_scores(hyps, refs, ["de", "de", "fr"], genders=[None] * 3)
+def test_evaluation_scores_gender_only_where_the_examples_have_one():
+    from rosetta_trainer.evaluate import score
+
+    rows = [(FEM_REF, FEM_REF, "de"), ("Sie hat sein Buch gegeben.", FEM_REF, "de"),
+            ("Elle est avocate.", "Elle est avocate.", "fr")]
+    out = score(examples(rows, genders=["feminine", "feminine", None], counterfactuals=[MASC_REF, MASC_REF, None]),
+                [h for h, _, _ in rows], ["bleu", "gender"])
+    assert out["langs"]["de"]["gender"]["accuracy_feminine"] == pytest.approx(50.0)
+    assert out["langs"]["de"]["gender"]["count_feminine"] == 2
+    assert "gender" not in out["langs"]["fr"]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import unicodedata
-from collections import defaultdict
 from typing import Iterable, Sequence
 
 import regex  # sacreBLEU's own dependency; unlike re it has \p{M}
@@ -258,70 +257,3 @@ def gender_scores(
     out["gender_gap_accuracy"] = _gap(out, "accuracy")
     out["bleu_signature"] = signature
     return out
-
-
-# ---------------------------------------------------------------- per language
-
-
-def _mean(values: list) -> float | None:
-    values = [v for v in values if v is not None]
-    return sum(values) / len(values) if values else None
-
-
-def per_language_scores(
-    hypotheses: Sequence[str],
-    references: Sequence[str],
-    target_langs: Sequence[str],
-    metrics: Iterable[str] = (*METRICS, "gender"),
-    genders: Sequence[str | None] | None = None,
-    counterfactuals: Sequence[str | None] | None = None,
-) -> dict:
-    """Scores per target language and overall, for a multilingual evaluation set.
-
-    Returns {"overall": {...}, "by_language": {"de": {...}, "fr": {...}}}, where each
-    language's dict is corpus_scores (plus gender_scores under "gender" when
-    "gender" is in `metrics`, `genders` is given and the language has gendered
-    items). Each language is scored with its own BLEU tokenizer, so "overall"
-    is not a corpus score over the concatenation (which would mix tokenizers):
-    every score in it is the unweighted mean over languages, so each language
-    counts the same however many sentences it has, and counts are summed.
-    Signatures stay per language.
-    """
-    metrics = tuple(metrics)
-    n = _check_parallel(hypotheses=hypotheses, references=references, target_langs=target_langs)
-    if genders is not None or counterfactuals is not None:
-        if genders is None or counterfactuals is None:
-            raise ValueError("pass both genders and counterfactuals, or neither")
-        _check_parallel(hypotheses=hypotheses, genders=genders, counterfactuals=counterfactuals)
-
-    indices: dict[str, list[int]] = defaultdict(list)
-    for i, lang in enumerate(target_langs):
-        indices[lang].append(i)
-
-    by_language: dict[str, dict] = {}
-    for lang in sorted(indices):
-        idx = indices[lang]
-        hyps = [hypotheses[i] for i in idx]
-        refs = [references[i] for i in idx]
-        scores = corpus_scores(hyps, refs, lang, metrics)
-        if "gender" in metrics and genders is not None:
-            lang_genders = [genders[i] for i in idx]
-            if any(g is not None for g in lang_genders):
-                scores["gender"] = gender_scores(
-                    hyps, refs, lang_genders, [counterfactuals[i] for i in idx], lang
-                )
-        by_language[lang] = scores
-
-    overall: dict = {"n": n, "languages": len(by_language)}
-    langs = list(by_language.values())
-    for name in metrics:
-        if name != "gender":
-            overall[name] = _mean([s[name] for s in langs])
-    gendered = [s["gender"] for s in langs if "gender" in s]
-    if gendered:
-        overall["gender"] = {
-            key: (sum(g[key] for g in gendered) if key.startswith(("count_", "correct_"))
-                  else _mean([g[key] for g in gendered]))
-            for key in gendered[0] if key != "bleu_signature"
-        }
-    return {"overall": overall, "by_language": by_language}
