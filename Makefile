@@ -36,7 +36,7 @@ lint: install
 
 # mypy with pydantic's plugin over the contract package that both sides build on.
 typecheck: install
-	$(VENV)/bin/mypy -p rosetta_contract
+	$(VENV)/bin/mypy -p rosetta_contract -p rosetta_operator -p rosetta_cli
 
 # Rosetta against Hugging Face's Seq2SeqTrainer (docs/benchmarks.md); BENCH_ARGS="--steps 600 ..."
 BENCH_STAMP := $(VENV)/.installed-bench

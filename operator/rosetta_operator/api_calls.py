@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import datetime
 import json
-from typing import Callable, Mapping, NamedTuple, Optional
+from typing import Callable, Mapping, NamedTuple, Optional, cast
 
 import kopf
 import kubernetes
@@ -44,7 +44,8 @@ def write_status(api: kubernetes.client.ApiClient, namespace: str, name: str, ui
             parent, known = known, None
         else:
             try:
-                parent = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+                # The client returns the decoded JSON; its stubs say object.
+                parent = cast(dict, custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name))
             except ApiException as exc:
                 if exc.status == 404:
                     return
@@ -79,8 +80,8 @@ def first_attempt_only(value: Optional[Mapping]) -> Callable[[], Optional[Mappin
 
 def get_jobset(api: kubernetes.client.ApiClient, namespace: str, name: str) -> Optional[dict]:
     try:
-        return kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object(
-            JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, name)
+        return cast(dict, kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object(
+            JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, name))
     except ApiException as exc:
         if exc.status == 404:
             return None
@@ -91,8 +92,8 @@ def create_jobset(api: kubernetes.client.ApiClient, owner: kopf.Body, jobset: di
     """Create, or adopt the one a previous attempt created (409): never a second JobSet."""
     namespace = jobset["metadata"]["namespace"]
     try:
-        created = kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
-            JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, jobset)
+        created = cast(dict, kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
+            JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, jobset))
         JOBSETS_CREATED.inc()
         return created
     except ApiException as exc:
@@ -111,7 +112,7 @@ def ensure_configmap(api: kubernetes.client.ApiClient, owner: kopf.Body, configm
     core = kubernetes.client.CoreV1Api(api)
     namespace, name = configmap["metadata"]["namespace"], configmap["metadata"]["name"]
     try:
-        core.create_namespaced_config_map(namespace, configmap)
+        core.create_namespaced_config_map(namespace, configmap)  # type: ignore[arg-type]  # a dict body is sent as is
         return
     except ApiException as exc:
         if exc.status != 409:
@@ -124,8 +125,8 @@ def ensure_configmap(api: kubernetes.client.ApiClient, owner: kopf.Body, configm
 
 def patch_jobset(api: kubernetes.client.ApiClient, namespace: str, name: str, patch: dict) -> dict:
     """Returns the patched JobSet."""
-    return kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
-        JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, name, patch)
+    return cast(dict, kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, name, patch))
 
 
 def set_jobset_suspend(api: kubernetes.client.ApiClient, namespace: str, name: str, suspend: bool) -> dict:

@@ -94,13 +94,13 @@ def _cmd_crd(args) -> int:
 def _cmd_render(args) -> int:
     import yaml
 
-    from rosetta_operator.render import render_evaluation_job
+    from rosetta_operator.render import required_evaluation_job
 
     training, rendered = load_and_render(args)
     objects = rendered.objects()
     if training.spec.mode == "evaluate":  # what the operator creates then: no JobSet, the evaluation Job
         meta = rendered.configmap["metadata"]
-        objects = [rendered.configmap, render_evaluation_job(training.metadata.name, meta["namespace"], training.spec)]
+        objects = [rendered.configmap, required_evaluation_job(training.metadata.name, meta["namespace"], training.spec)]
     sys.stdout.write(yaml.safe_dump_all(objects, sort_keys=False, width=120))
     return 0
 

@@ -48,14 +48,14 @@ def structural(schema: dict, defs: dict | None = None) -> dict:
         options = [o for o in node["anyOf"] if o.get("type") != "null"]
         if len(options) != 1:
             raise ValueError(f"cannot express a union in a structural schema: {node['anyOf']}")
-        out = structural(options[0], defs)
+        one = structural(options[0], defs)
         if len(options) < len(node["anyOf"]):
-            out["nullable"] = True
+            one["nullable"] = True
         if "description" in node:
-            out["description"] = node["description"]
+            one["description"] = node["description"]
         if "default" in node and _scalar(node["default"]):
-            out["default"] = node["default"]
-        return out
+            one["default"] = node["default"]
+        return one
     out: dict[str, Any] = {}
     if "const" in node:
         out["enum"] = [node["const"]]

@@ -17,7 +17,7 @@ import tarfile
 import threading
 import time
 from pathlib import Path, PurePosixPath
-from typing import Optional
+from typing import Mapping, Optional
 
 from rosetta_operator.kube import Cluster, VerbError
 from rosetta_operator.pod_logs import CONTAINER, container_state, rank_pod
@@ -27,7 +27,7 @@ FOLDER = "tensorboard"
 COPY_COMMAND = ["sh", "-c", f'cd "$ROSETTA_OUTPUT" && tar cf - {FOLDER}']
 
 
-def _rank0(cluster: Cluster, name: str) -> dict:
+def _rank0(cluster: Cluster, name: str) -> Mapping:
     training = cluster.existing_training(name)
     metrics = (training.get("spec") or {}).get("metrics") or {}
     if metrics.get("tensorboard") is False:

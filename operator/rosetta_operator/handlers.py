@@ -37,7 +37,7 @@ import os
 import random
 import sys
 import time
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, cast
 
 import kopf
 import kubernetes
@@ -83,7 +83,7 @@ from rosetta_operator.render import (
     EVALUATION_LABEL,
     TRAINING_LABEL,
     render,
-    render_evaluation_job,
+    required_evaluation_job,
     suspend_patch,
 )
 
@@ -127,7 +127,7 @@ ACTIVE_PHASES = frozenset({st.Phase.RUNNING, st.Phase.RESTARTING})
 # ------------------------------------------------------------------------------ startup
 
 
-@kopf.on.startup()
+@kopf.on.startup()  # type: ignore[arg-type]  # kopf's protocol types are narrower than its calls
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     """All operator tuning, in one place."""
     # Handler successes would otherwise become a Normal event per change; ours are explicit.
@@ -307,7 +307,7 @@ def reconcile_evaluation(api: kubernetes.client.ApiClient, body: kopf.Body, spec
                          configmap: dict, name: str, namespace: str, uid: str, logger: logging.Logger) -> None:
     """mode evaluate: the ConfigMap and one evaluation Job, no JobSet. The Job's name is fixed, so
     a second reconcile finds it (409); evaluation_changed moves status.evaluation and the phase."""
-    job = render_evaluation_job(name, namespace, spec, owner=body)
+    job = required_evaluation_job(name, namespace, spec, owner=body)
     job_name = job["metadata"]["name"]
     child = f"ConfigMap {configmap['metadata']['name']}"
     finished = ((body.get("status") or {}).get("evaluation") or {}).get("phase") in st.EvaluationPhase.TERMINAL
@@ -316,7 +316,7 @@ def reconcile_evaluation(api: kubernetes.client.ApiClient, body: kopf.Body, spec
     try:
         ensure_configmap(api, body, configmap)
         child = f"Job {job_name}"
-        kubernetes.client.BatchV1Api(api).create_namespaced_job(namespace, job)
+        kubernetes.client.BatchV1Api(api).create_namespaced_job(namespace, job)  # type: ignore[arg-type]  # dict body
         logger.info("created evaluation Job %s and %s", job_name, configmap["metadata"]["name"])
     except ApiException as exc:
         if exc.status == 409 and child.startswith("Job"):
@@ -460,18 +460,18 @@ def start_evaluation(api: kubernetes.client.ApiClient, namespace: str, owner: Ma
     if spec is None or spec.evaluation.after_training is None:
         return None
     try:
-        training = kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, owner["name"])
+        training = cast(dict, kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, owner["name"]))
     except ApiException as exc:
         if exc.status == 404:
             return None
         raise
     if training["metadata"]["uid"] != owner["uid"] or (training.get("status") or {}).get("evaluation"):
         return None
-    job = render_evaluation_job(owner["name"], namespace, spec, owner=dict(owner))
+    job = required_evaluation_job(owner["name"], namespace, spec, owner=dict(owner))
     batch = kubernetes.client.BatchV1Api(api)
     try:
-        batch.create_namespaced_job(namespace, job)
+        batch.create_namespaced_job(namespace, job)  # type: ignore[arg-type]  # a dict body is sent as is
         logging.getLogger(__name__).info("created evaluation Job %s/%s", namespace, job["metadata"]["name"])
     except ApiException as exc:
         if exc.status == 409:
@@ -621,7 +621,7 @@ def workload_changed(event: Mapping, body: kopf.Body, namespace: str, uid: str, 
         record_outcome("ignored")
         return
     workload = copy.deepcopy(dict(body))
-    if not decisions.changed(uid, st.workload_admission(workload, (body.spec or {}).get("queueName") or "")):
+    if not decisions.changed(uid, st.workload_admission(workload, dict(body.spec or {}).get("queueName") or "")):
         record_outcome("ignored")  # Kueue's bookkeeping, not a new decision
         return
     api = memo.api_client
@@ -638,7 +638,7 @@ def workload_changed(event: Mapping, body: kopf.Body, namespace: str, uid: str, 
         raise
 
 
-@kopf.on.event("v1", "pods", labels={TRAINING_LABEL: kopf.PRESENT}, id="pod_scheduling")
+@kopf.on.event("v1", "pods", labels={TRAINING_LABEL: kopf.PRESENT}, id="pod_scheduling")  # type: ignore[arg-type]
 async def on_pod_event(event: Mapping, body: kopf.Body, namespace: str, uid: str, memo: kopf.Memo,
                        **_: Any) -> None:
     """Async on purpose: nearly every pod event is no news about scheduling (UnschedulablePods says
@@ -713,9 +713,9 @@ def hold_in_queue(api: kubernetes.client.ApiClient, namespace: str, jobset: Mapp
 def get_workload(api: kubernetes.client.ApiClient, namespace: str, jobset: Mapping) -> Optional[dict]:
     """Kueue's Workload for the JobSet, None when there is none yet or Kueue is not installed."""
     try:
-        listed = kubernetes.client.CustomObjectsApi(api).list_namespaced_custom_object(
+        listed = cast(dict, kubernetes.client.CustomObjectsApi(api).list_namespaced_custom_object(
             KUEUE_GROUP, KUEUE_VERSION, namespace, WORKLOAD_PLURAL,
-            label_selector=f"{KUEUE_JOB_UID_LABEL}={jobset['metadata'].get('uid')}")
+            label_selector=f"{KUEUE_JOB_UID_LABEL}={jobset['metadata'].get('uid')}"))
     except ApiException as exc:
         if exc.status != 404:  # 404: no Kueue in this cluster, the queue label is only a label
             logging.getLogger(__name__).warning("cannot list the Kueue Workloads in %s: %s", namespace, exc.reason)
@@ -746,7 +746,7 @@ def _metrics_port(spec: Mapping) -> int:
     return int((spec.get("metrics") or {}).get("port", DEFAULT_METRICS_PORT) or 0)
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, when=_progress_active, cancellation_timeout=5.0)
+@kopf.daemon(GROUP, VERSION, PLURAL, when=_progress_active, cancellation_timeout=5.0)  # type: ignore[arg-type]
 async def report_progress(stopped: kopf.DaemonStopped, name: str, namespace: str, uid: str, memo: kopf.Memo,
                           logger: logging.Logger, **_: Any) -> None:
     """While the JobSet is live: scrape rank 0 every memo.progress_interval seconds into
@@ -774,7 +774,7 @@ def update_progress(api: kubernetes.client.ApiClient, namespace: str, name: str,
     """One round: read the training, find rank 0, scrape it, patch status.progress if it moved."""
     custom = kubernetes.client.CustomObjectsApi(api)
     try:
-        training = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        training = cast(dict, custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name))
     except ApiException as exc:
         if exc.status == 404:
             return "no_pod"

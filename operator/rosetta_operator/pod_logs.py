@@ -34,7 +34,7 @@ def node_rank(pod: Mapping) -> Optional[int]:
     meta = _meta(pod)
     index = (meta.get("annotations") or {}).get(COMPLETION_INDEX) or (meta.get("labels") or {}).get(COMPLETION_INDEX)
     try:
-        return int(index)
+        return int(index)  # type: ignore[arg-type]  # None and junk land in the except
     except (TypeError, ValueError):
         return None
 
@@ -82,7 +82,8 @@ class _Stream:
             kwargs["tail_lines"] = tail
         self.response = cluster.core.read_namespaced_pod_log(pod, cluster.namespace, **kwargs)
         announce()  # the log is there: say whose it is before its first line
-        self.out, self.error, self.stopping = out, None, False
+        self.out, self.stopping = out, False
+        self.error: Optional[Exception] = None
         self.thread = threading.Thread(target=self._copy, daemon=True)
         self.thread.start()
 

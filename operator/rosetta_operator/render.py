@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import jinja2
 import yaml
@@ -124,7 +124,7 @@ def labels_for(name: str) -> dict[str, str]:
     return {**BASE_LABELS, TRAINING_LABEL: label_value(name)}
 
 
-def owner_references(owner: dict | None) -> list[dict]:
+def owner_references(owner: Mapping | None) -> list[dict]:
     """Accepts an ownerReference or the owning object itself (e.g. kopf's body)."""
     if not owner:
         return []
@@ -219,7 +219,7 @@ def launcher_env(spec: TranslationTrainingSpec, names: Names) -> list[dict]:
     # The trainer reports how much of the grace its stop checkpoint used; torchrun would
     # otherwise SIGKILL its workers 30 s after SIGTERM, whatever the pod's grace.
     values["ROSETTA_GRACE_PERIOD_S"] = values["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(grace_period_seconds(spec))
-    env = [{"name": k, "value": v} for k, v in values.items()]
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in values.items()]
     # Index of this pod in the Indexed Job = node rank.
     env.insert(3, {"name": "ROSETTA_NODE_RANK", "valueFrom": {
         "fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}}})
@@ -261,7 +261,7 @@ def s3_credentials_env(spec: TranslationTrainingSpec) -> list[dict]:
         raise ConfigError(clashes)
     env = []
     for key, optional in S3_SECRET_KEYS:
-        ref = {"name": s3.credentials_secret, "key": key}
+        ref: dict[str, Any] = {"name": s3.credentials_secret, "key": key}
         if optional:
             ref["optional"] = True
         env.append({"name": key, "valueFrom": {"secretKeyRef": ref}})
@@ -347,12 +347,12 @@ def resources(spec: TranslationTrainingSpec) -> dict:
 
 def volumes(spec: TranslationTrainingSpec, names: Names) -> tuple[list[dict], list[dict]]:
     """(pod volumes, container mounts): config, /dev/shm, the output fallback, then the user's."""
-    vols = [
+    vols: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": names.configmap}},
         # Docker's 64 MiB /dev/shm is too small for NCCL and dataloader workers.
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shm_size}},
     ]
-    mounts = [
+    mounts: list[dict[str, Any]] = [
         {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
         {"name": "dshm", "mountPath": "/dev/shm"},
     ]
@@ -366,7 +366,7 @@ def volumes(spec: TranslationTrainingSpec, names: Names) -> tuple[list[dict], li
         source = vol.model_dump(by_alias=True, exclude_none=True,
                                 include={"persistent_volume_claim", "empty_dir", "host_path"})
         vols.append({"name": vol.name, **source})
-        mount = {"name": vol.name, "mountPath": vol.mount_path}
+        mount: dict[str, Any] = {"name": vol.name, "mountPath": vol.mount_path}
         if vol.read_only:
             mount["readOnly"] = True
         if vol.sub_path:
@@ -388,7 +388,7 @@ def scheduling(spec: TranslationTrainingSpec) -> tuple[dict, list[dict]]:
 def _drop_unset_nones(model: BaseModel, dumped: dict) -> dict:
     """Drop `key: null` where null is the field's default; a null that overrides a
     default (clipGradNorm: null disables clipping) must stay."""
-    out = {}
+    out: dict[str, Any] = {}
     for field_name, field in type(model).model_fields.items():
         key = field.alias or field_name
         value = getattr(model, field_name)
@@ -433,7 +433,7 @@ def _render_template(template: str, **context) -> dict:
     return yaml.load(_env().get_template(template).render(**context), Loader=_Loader)
 
 
-def render(name: str, namespace: str, spec: TranslationTrainingSpec, owner: dict | None = None) -> Rendered:
+def render(name: str, namespace: str, spec: TranslationTrainingSpec, owner: Mapping | None = None) -> Rendered:
     """What the operator creates for TranslationTraining `namespace/name`."""
     names = resource_names(name, spec.nodes)
     labels = labels_for(name)
@@ -603,13 +603,24 @@ def evaluation_command(spec: TranslationTrainingSpec, output: str, config: str) 
                 "--device", "cuda" if spec.gpus_per_node else "cpu",
                 "--split", "test", "--output", f"{output}/{EVALUATION_RESULTS}"]
     after = spec.evaluation.after_training
+    if after is None:
+        raise ValueError("evaluation_command: a training without evaluation.afterTraining has no evaluation Job")
     return ["python", "-m", "rosetta_trainer", "evaluate", "-f", config,
             "--checkpoint", checkpoint_root(spec, output), "--pick", after.checkpoint, "--device", "cpu",
             "--split", "test", "--output", f"{output}/{EVALUATION_RESULTS}"]
 
 
+def required_evaluation_job(name: str, namespace: str, spec: TranslationTrainingSpec,
+                            owner: Mapping | None = None) -> dict:
+    """render_evaluation_job for a caller that knows there is one (mode evaluate, or afterTraining set)."""
+    job = render_evaluation_job(name, namespace, spec, owner)
+    if job is None:
+        raise ValueError(f"{name}: no evaluation Job without spec.evaluation.afterTraining")
+    return job
+
+
 def render_evaluation_job(name: str, namespace: str, spec: TranslationTrainingSpec,
-                          owner: dict | None = None) -> dict | None:
+                          owner: Mapping | None = None) -> dict | None:
     """The batch/v1 Job that evaluates a checkpoint once the training succeeded; None without
     spec.evaluation.afterTraining. The training pod's volumes, image and security context, no GPU,
     none of the gang's scheduling (its node selector and tolerations are for GPU nodes).
@@ -635,7 +646,7 @@ def _evaluate_mode_pod(spec: TranslationTrainingSpec) -> tuple[dict, int | None,
     return {kind: values for kind, values in pod.items() if values}, threads, {EVALUATION_CHECKPOINT: "pretrained"}, scheduling(spec)
 
 
-def _render_evaluation_job(name: str, namespace: str, spec: TranslationTrainingSpec, owner: dict | None,
+def _render_evaluation_job(name: str, namespace: str, spec: TranslationTrainingSpec, owner: Mapping | None,
                            pod_resources: dict, threads: int | None, annotations: dict,
                            placement: tuple[dict, list]) -> dict:
     names = resource_names(name, spec.nodes)

@@ -44,6 +44,7 @@ class _DeadlineSocket(socket.socket):
     """Every receive waits at most until `deadline` (time.monotonic()), whatever came before."""
 
     __slots__ = ("deadline",)
+    deadline: float
 
     def _remaining(self) -> float:
         remaining = self.deadline - time.monotonic()

@@ -9,7 +9,7 @@ match on them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional, TypeGuard
 
 from rosetta_contract.exits import TERMINATION_PREFIX
 from rosetta_contract.final_result import parse_evaluation
@@ -132,8 +132,8 @@ def _jobset_condition(jobset: Mapping, type_: str) -> Optional[Mapping]:
     return None
 
 
-def _is_true(cond: Optional[Mapping]) -> bool:
-    return bool(cond) and cond.get("status") == TRUE
+def _is_true(cond: Optional[Mapping]) -> TypeGuard[Mapping]:
+    return cond is not None and cond.get("status") == TRUE
 
 
 def expected_jobs(jobset: Mapping) -> int:
@@ -499,7 +499,7 @@ def upsert_conditions(existing: Iterable[Mapping], updates: Iterable[Cond], *, n
     out = [dict(c) for c in existing or []]
     index = {c.get("type"): i for i, c in enumerate(out)}
     for upd in updates:
-        new = {"type": upd.type, "status": upd.status, "reason": upd.reason, "message": upd.message}
+        new: dict[str, Any] = {"type": upd.type, "status": upd.status, "reason": upd.reason, "message": upd.message}
         if generation is not None:
             new["observedGeneration"] = generation
         i = index.get(upd.type)
@@ -607,7 +607,7 @@ def pending_evaluation(job_name: str, checkpoint: str) -> tuple[dict, Cond]:
 def evaluation_run_phase(evaluation: Mapping) -> str:
     """The training's phase in mode evaluate, where the evaluation Job is the whole run."""
     return {EvaluationPhase.RUNNING: Phase.RUNNING, EvaluationPhase.SUCCEEDED: Phase.SUCCEEDED,
-            EvaluationPhase.FAILED: Phase.FAILED}.get(evaluation.get("phase"), Phase.PENDING)
+            EvaluationPhase.FAILED: Phase.FAILED}.get(str(evaluation.get("phase")), Phase.PENDING)
 
 
 def observe_evaluation(job: Mapping, pods: Iterable[Mapping], previous: Optional[Mapping]) -> tuple[dict, Cond]:

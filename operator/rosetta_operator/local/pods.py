@@ -121,7 +121,7 @@ class Mounts:
             local = local / sub_path if sub_path else local
             local.mkdir(parents=True, exist_ok=True)
             paths.add(mount_path, local.resolve())
-        if self.config_mount is not None:
+        if self.config_mount is not None and self.config_text is not None:
             text = _translate_config(self.config_text, paths)
             same_for_all = text == _translate_config(self.config_text, self.shared)
             config_dir = self.output / "config" if same_for_all else self.pod_dir(attempt, index) / "config"

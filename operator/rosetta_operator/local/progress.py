@@ -48,7 +48,8 @@ class TrainingProgress:
         self.bleu: Optional[float] = None
         self._next = 0.0
         self.output: Optional[Path] = None
-        self.metrics = self.evals = None
+        self.metrics: Optional[JsonlFollower] = None
+        self.evals: Optional[JsonlFollower] = None
         if trainer_output is not None:
             self.follow(trainer_output)
 
@@ -66,7 +67,7 @@ class TrainingProgress:
         if now < self._next:
             return
         self._next = now + self.min_interval
-        if self.metrics is None:
+        if self.metrics is None or self.evals is None:
             return
         records = self.metrics.new_records()
         for record in self.evals.new_records():

@@ -53,7 +53,7 @@ def write_plots(trainer_output: Path, plots_dir: Path) -> list[Path]:
         if not metrics:
             break
         fig, ax = plt.subplots(figsize=(6, 3.5))
-        ax.plot(steps, [r.get(key) for r in metrics], label="training")
+        ax.plot(steps, [_or_nan(r.get(key)) for r in metrics], label="training")
         validation = [(e["step"], e["loss"]) for e in evals if e.get("loss") is not None]
         if key == "loss" and validation:  # one chart, so that overfitting shows as the curves part
             ax.plot(*zip(*validation), marker="o", label="validation")
@@ -73,12 +73,17 @@ def write_plots(trainer_output: Path, plots_dir: Path) -> list[Path]:
             if points:
                 ax.plot(*zip(*points), marker="o", label=lang)
         if len(langs) > 1:
-            ax.plot([e["step"] for e in evals], [e.get(metric) for e in evals], "k--", label="all")
+            ax.plot([e["step"] for e in evals], [_or_nan(e.get(metric)) for e in evals], "k--", label="all")
         ax.set(xlabel="step", ylabel=label(metric), title=f"validation {label(metric)}")
         ax.legend()
         ax.grid(alpha=0.3)
         save(fig, f"{metric.lower()}.png")
     return written
+
+
+def _or_nan(value: Optional[float]) -> float:
+    """A gap in the curve where a record has no value (what matplotlib makes of None, spelled out)."""
+    return float("nan") if value is None else value
 
 
 def _fmt(value, spec: str = ".2f") -> str:

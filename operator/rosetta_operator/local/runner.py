@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from rosetta_contract.exits import TERMINATION_PREFIX
@@ -38,7 +39,7 @@ from rosetta_operator.local.pods import (
 from rosetta_operator.local.progress import TrainingProgress
 from rosetta_operator.local.report import format_table, summary_rows, write_plots
 from rosetta_operator.local.supervisor import LocalJobSet
-from rosetta_operator.render import grace_period_seconds, render, render_evaluation_job
+from rosetta_operator.render import grace_period_seconds, render, required_evaluation_job
 from rosetta_operator.status import evaluation_run_phase
 
 
@@ -100,7 +101,7 @@ def run_stage(pod, out: Path, warn) -> bool:
     return False
 
 
-def run(file: str, *, output: str | None = None, volumes: list[str] = (), overrides: list[str] = (),
+def run(file: str, *, output: str | None = None, volumes: Sequence[str] = (), overrides: Sequence[str] = (),
         allow_host_path: bool = False, progress: bool = True, quiet: bool = False) -> int:
     training = load_training(file, list(overrides), allow_host_path=allow_host_path)
     spec, name = training.spec, training.metadata.name
@@ -117,7 +118,7 @@ def run(file: str, *, output: str | None = None, volumes: list[str] = (), overri
     if stage is not None and not run_stage(stage, out, warn):
         return 1
     if spec.mode == "evaluate":  # no pods to train: the evaluation Job is the whole run
-        evaluation = run_evaluation(render_evaluation_job(name, namespace, spec), mounts, out, warn, only=True)
+        evaluation = run_evaluation(required_evaluation_job(name, namespace, spec), mounts, out, warn, only=True)
         phase = evaluation_run_phase(evaluation)
         (out / "run.json").write_text(json.dumps({"phase": phase, "evaluation": evaluation}, indent=2))
         return 0 if phase == "Succeeded" else 1
@@ -160,15 +161,17 @@ def run(file: str, *, output: str | None = None, volumes: list[str] = (), overri
             signal.signal(s, handler)
         bar.close()
 
+    if trainer_out is None:  # the supervisor starts a first attempt before anything else
+        raise LocalRunError("no pod was started")
     plots = write_plots(trainer_out, out / "plots") if (trainer_out / "metrics.jsonl").exists() else []
-    evaluation = None
+    after_evaluation: dict | None = None
     if outcome.phase == "Succeeded" and spec.evaluation.after_training is not None:
-        evaluation = run_evaluation(render_evaluation_job(name, namespace, spec), mounts, out, warn)
+        after_evaluation = run_evaluation(required_evaluation_job(name, namespace, spec), mounts, out, warn)
     (out / "run.json").write_text(json.dumps({
         "phase": outcome.phase, "restarts": outcome.restarts, "exit_codes": outcome.exit_codes,
         "message": outcome.message, "trainer_output": str(trainer_out),
         "plots": [str(p) for p in plots], "hardware_note": hardware.note,
-        **({"evaluation": evaluation} if evaluation is not None else {}),
+        **({"evaluation": after_evaluation} if after_evaluation is not None else {}),
     }, indent=2))
     print(format_table(summary_rows(outcome, trainer_out, plots)), flush=True)
     if outcome.phase == "Succeeded":

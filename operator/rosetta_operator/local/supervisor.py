@@ -48,6 +48,7 @@ class _Pod:
 
     def _pump(self, sink: Callable[[str], None]) -> None:
         prefix = f"[{self.pod.name}] "
+        assert self.proc.stdout is not None  # started with stdout=PIPE
         for line in self.proc.stdout:
             self.log.write(line)
             self.log.flush()
