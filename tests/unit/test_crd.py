@@ -89,10 +89,11 @@ def test_status_declares_every_field_the_operator_writes():
     assert schema_errors(STATUS_SCHEMA, merged) == []
 
 
-def test_phases_are_the_status_module_phases():
-    constants = {v for k, v in vars(st.Phase).items() if k.isupper() and isinstance(v, str)}
-    assert set(PHASES) == constants
+def test_the_crd_accepts_every_phase_the_operator_writes_and_no_other():
+    # PHASES is derived from Phase (rosetta_contract.resource); the API server refuses a status
+    # whose phase is not in the CRD's enum, so the two must not drift.
     assert STATUS_SCHEMA["properties"]["phase"]["enum"] == list(PHASES)
+    assert "Succeeded" in PHASES and "Restarting" in PHASES
 
 
 def test_progress_fields_needed_by_the_printer_columns():
