@@ -164,7 +164,7 @@ def _cmd_export(args) -> int:
 
 
 def _cmd_plan(args) -> int:
-    from rosetta_trainer.memory_plan import plan_command
+    from rosetta_trainer.plan_command import plan_command
 
     return plan_command(args)
 

@@ -20,10 +20,8 @@ when a model is actually planned.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import re
-import sys
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -523,15 +521,15 @@ class Plan:
             return []
         usable = self.usable_gpu_memory
         if not self.fits_gpu(mine):
-            problem = (f"needs about {_gib(mine.gpu_total)} per GPU (activations {_gib(mine.activations)}) but "
-                       f"the GPUs have {_gib(self.cluster.gpu_memory)} ({_gib(usable)} usable after "
+            problem = (f"needs about {format_gib(mine.gpu_total)} per GPU (activations {format_gib(mine.activations)}) but "
+                       f"the GPUs have {format_gib(self.cluster.gpu_memory)} ({format_gib(usable)} usable after "
                        f"{GPU_HEADROOM:.0%} headroom)")
         else:
-            problem = (f"needs about {_gib(mine.node_cpu)} of CPU memory per node but spec.resources.memory "
-                       f"is {_gib(self.cluster.node_memory)}")
+            problem = (f"needs about {format_gib(mine.node_cpu)} of CPU memory per node but spec.resources.memory "
+                       f"is {format_gib(self.cluster.node_memory)}")
         best = self.recommended
         if best is not None:
-            advice = f"{best.setting.name} would fit ({_gib(best.gpu_total)} per GPU)"
+            advice = f"{best.setting.name} would fit ({format_gib(best.gpu_total)} per GPU)"
         else:
             advice = ("no setting fits: lower spec.training.batch (the activations scale with it), "
                       + ("" if self.batch.checkpointing else "turn on spec.training.activationCheckpointing, ")
@@ -581,8 +579,8 @@ def _notes(plan: Plan) -> list[str]:
         f"activations: {b.sentences} sentence(s) per GPU at {b.source_len}+{b.target_len} tokens, "
         f"attention {b.attention}, " + ("activation checkpointing (each layer's input kept, one layer "
                                          "recomputed at a time)" if b.checkpointing else "no activation checkpointing"),
-        f"GPU memory: {_gib(c.gpu_memory)} ({c.gpu_memory_source})",
-        "node CPU: " + (f"spec.resources.memory {_gib(c.node_memory)}" if c.node_memory else
+        f"GPU memory: {format_gib(c.gpu_memory)} ({c.gpu_memory_source})",
+        "node CPU: " + (f"spec.resources.memory {format_gib(c.node_memory)}" if c.node_memory else
                         "spec.resources.memory is not set, not checked"),
     ]
 
@@ -595,59 +593,11 @@ def plan_spec(spec, gpu_memory: str | None = None) -> Plan:
     return make_plan(shape, Batch.of(spec), cluster, setting_of(spec.distributed))
 
 
-# ---------------------------------------------------------------------------- output
+# ----------------------------------------------------------------------- for rosetta validate
 
 
-def _gib(n: float) -> str:
+def format_gib(n: float) -> str:
     return f"{n / GiB:.1f} GiB"
-
-
-def render(plan: Plan, console) -> None:
-    """The table, the notes, the recommendation and any warning, on a rich Console."""
-    from rich.table import Table
-
-    s, c = plan.shape, plan.cluster
-    table = Table(title=f"{s.params / 1e6:,.1f}M parameters on {c.nodes} node(s) × {c.gpus_per_node} GPU(s), "
-                        f"{_gib(c.gpu_memory)} per GPU", title_justify="left")
-    for name in ("setting", "weights", "grads", "optimizer", "activations", "GPU total", "node CPU", "fits"):
-        table.add_column(name, justify="left" if name == "setting" else "right", no_wrap=True)
-    for e in plan.estimates:
-        mark = " ← spec" if e.setting == plan.requested else ""
-        fits = "yes" if plan.fits(e) else ("no (CPU)" if plan.fits_gpu(e) else "no")
-        table.add_row(e.setting.name + mark, *(f"{x / GiB:.1f}" for x in (
-            e.weights, e.gradients, e.optimizer, e.activations, e.gpu_total, e.node_cpu)), fits)
-    console.print(table)
-    console.print("GiB per GPU; node CPU in GiB per node. " + "; ".join(plan.notes[1:3]) + ".", soft_wrap=True)
-    for note in (plan.notes[0], *plan.notes[3:]):
-        console.print(f"  {note}", soft_wrap=True, highlight=False)
-    best = plan.recommended
-    if best is not None:
-        console.print(f"recommended: {best.setting.name} ({_gib(best.gpu_total)} per GPU of "
-                      f"{_gib(plan.usable_gpu_memory)} usable)", highlight=False)
-    for line in plan.warnings():
-        console.print(line, style="bold red", soft_wrap=True, highlight=False)
-
-
-def plan_command(args) -> int:
-    """`rosetta plan -f FILE [--gpu-memory 80GiB] [--json]`."""
-    from rich.console import Console
-
-    from rosetta_contract.spec import load_training
-
-    spec = load_training(args.file, args.overrides).spec
-    try:
-        plan = plan_spec(spec, args.gpu_memory)
-    except PlanSkipped as exc:
-        print(f"rosetta plan: cannot plan {args.file}: {exc}", file=sys.stderr)
-        return 2
-    except ValueError as exc:  # a bad --gpu-memory or quantity
-        print(f"rosetta plan: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(plan.to_json(), indent=2))
-    else:
-        render(plan, Console(width=max(130, Console().width)))
-    return 0
 
 
 def fit_warnings(spec) -> list[str]:
