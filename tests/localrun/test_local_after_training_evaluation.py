@@ -23,7 +23,7 @@ def test_the_evaluation_runs_after_the_training_on_the_shared_volume(tmp_path):
         "evaluation": {"interval": 6, "atEnd": False, "afterTraining": {"checkpoint": "best", "cpu": 1, "memory": "2Gi"}},
     }})))
     volume = tmp_path / "shared-volume"
-    res = subprocess.run([sys.executable, "-m", "rosetta_trainer", "run", "--no-progress", "-f", str(path),
+    res = subprocess.run([sys.executable, "-m", "rosetta_cli", "run", "--no-progress", "-f", str(path),
                           "--output", str(tmp_path / "run"), "--volume", f"runs={volume}"],
                          capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=900)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-3000:]

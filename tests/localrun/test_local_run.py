@@ -28,7 +28,7 @@ def write_training(tmp_path: Path, spec_patch: dict) -> Path:
 
 def rosetta_run(args: list[str], **kwargs) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "rosetta_trainer", "run", "--no-progress", *args],
+    return subprocess.Popen([sys.executable, "-m", "rosetta_cli", "run", "--no-progress", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, **kwargs)
 
 

@@ -74,7 +74,7 @@ def rosetta_run(tmp_path: Path, doc: dict) -> subprocess.CompletedProcess:
     path.write_text(yaml.safe_dump(doc))
     env = {**os.environ, **AWS_ENV, "PYTHONUNBUFFERED": "1", "AWS_CONFIG_FILE": str(tmp_path / "none"),
            "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
-    return subprocess.run([sys.executable, "-m", "rosetta_trainer", "run", "--no-progress", "-f", str(path),
+    return subprocess.run([sys.executable, "-m", "rosetta_cli", "run", "--no-progress", "-f", str(path),
                            "--output", str(tmp_path / "run")], capture_output=True, text=True, env=env, timeout=900)
 
 

@@ -174,7 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
     command adds the operator's, rosetta_cli)."""
     from rosetta_trainer import __version__
 
-    parser = argparse.ArgumentParser(prog="python -m rosetta_trainer", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m rosetta_trainer", description=__doc__.split("\n")[0],
+        epilog="validate, render, run, operator and the kubectl-like verbs are the `rosetta` command's "
+               "(python -m rosetta_cli).")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     add_commands(parser.add_subparsers(dest="command", required=True))
     return parser
