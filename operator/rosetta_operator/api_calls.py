@@ -43,13 +43,9 @@ def write_status(api: kubernetes.client.ApiClient, namespace: str, name: str, ui
         if known is not None:
             parent, known = known, None
         else:
-            try:
-                # The client returns the decoded JSON; its stubs say object.
-                parent = cast(dict, custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name))
-            except ApiException as exc:
-                if exc.status == 404:
-                    return
-                raise
+            parent = get_training(api, namespace, name)
+            if parent is None:
+                return
         meta = parent["metadata"]
         if meta["uid"] != uid or meta.get("deletionTimestamp"):
             return  # a newer object with the same name, or on its way out: not ours to describe
@@ -76,6 +72,18 @@ def first_attempt_only(value: Optional[Mapping]) -> Callable[[], Optional[Mappin
     """`value` on the first call, None after: what a handler held before a 409 conflict is stale."""
     box = [value]
     return lambda: box.pop() if box else None
+
+
+def get_training(api: kubernetes.client.ApiClient, namespace: str, name: str) -> Optional[dict]:
+    """The TranslationTraining as the API holds it now; None when it is gone."""
+    try:
+        # The client returns the decoded JSON; its stubs say object.
+        return cast(dict, kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, name))
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
 
 
 def get_jobset(api: kubernetes.client.ApiClient, namespace: str, name: str) -> Optional[dict]:

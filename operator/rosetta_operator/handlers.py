@@ -61,6 +61,7 @@ from rosetta_operator.api_calls import (
     ensure_configmap,
     first_attempt_only,
     get_jobset,
+    get_training,
     now,
     owner_ref,
     patch_jobset,
@@ -459,14 +460,8 @@ def start_evaluation(api: kubernetes.client.ApiClient, namespace: str, owner: Ma
     spec = _parsed_spec(_applied_spec_of(jobset, {}))  # what the training ran with
     if spec is None or spec.evaluation.after_training is None:
         return None
-    try:
-        training = cast(dict, kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, owner["name"]))
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
-    if training["metadata"]["uid"] != owner["uid"] or (training.get("status") or {}).get("evaluation"):
+    training = get_training(api, namespace, owner["name"])
+    if training is None or training["metadata"]["uid"] != owner["uid"] or (training.get("status") or {}).get("evaluation"):
         return None
     job = required_evaluation_job(owner["name"], namespace, spec, owner=dict(owner))
     batch = kubernetes.client.BatchV1Api(api)
@@ -772,13 +767,9 @@ async def report_progress(stopped: kopf.DaemonStopped, name: str, namespace: str
 
 def update_progress(api: kubernetes.client.ApiClient, namespace: str, name: str, uid: str) -> str:
     """One round: read the training, find rank 0, scrape it, patch status.progress if it moved."""
-    custom = kubernetes.client.CustomObjectsApi(api)
-    try:
-        training = cast(dict, custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name))
-    except ApiException as exc:
-        if exc.status == 404:
-            return "no_pod"
-        raise
+    training = get_training(api, namespace, name)
+    if training is None:
+        return "no_pod"
     port = _metrics_port(training.get("spec") or {})
     jobset_name = (training.get("status") or {}).get("jobSetName")
     if not port or not jobset_name:

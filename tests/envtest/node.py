@@ -270,9 +270,10 @@ state = '{STATE / "state"}'
         if not (marker.exists() and marker.read_text() == image_id and self.has_image(ref)):
             # A superseded build (several GB for the trainer) and its other names: removed with its
             # layers before the new one arrives, so the store holds one copy, not one per source change.
-            for name in (ref, *also):
-                if self.has_image(name):
-                    self._ctr("images", "rm", _qualified(name), timeout=600)
+            stored = self.images()
+            names = [_qualified(name) for name in (ref, *also) if _qualified(name) in stored]
+            if names:
+                self._ctr("images", "rm", *names, timeout=600)
             self.remove_superseded_images()
             save = subprocess.Popen([docker, "save", ref], stdout=subprocess.PIPE)
             try:
