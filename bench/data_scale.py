@@ -8,9 +8,10 @@ training start, each in a fresh process:
 
 - current: what the trainer did before shards.py, `batching.encode` into Python lists (one
   process: the trainer sets TOKENIZERS_PARALLELISM=false);
-- prepared: `shards.write` (--workers processes) = `rosetta prepare`, then the start-up of a
-  training from its output (`shards.prepare_corpus` finding the directory: hashing the text for
-  the key, then mapping);
+- prepared: `shards.prepare_corpus` writing (--workers processes) from the text in memory, as
+  datasets.map is given it, and `rosetta prepare` from the files (reading and checking as the
+  text streams: its peak memory); then the start-up of a training from its output (hashing the
+  text for the key, then mapping) and a restart (the files' identity, no text read);
 - datasets: what a Seq2SeqTrainer user does, `Dataset.from_dict(...).map(batched=True,
   num_proc=--workers)` into an Arrow cache file, then the same map again, which loads that cache;
 - wall and CPU seconds (the process and its worker pools): on a machine that other work shares,
@@ -100,8 +101,23 @@ def job_current(work: Path, workers: int) -> dict:
 def _data_spec(work: Path):
     from rosetta_contract.config import DataSpec
 
-    return DataSpec.model_validate({"sourceLang": "en", "targetLangs": ["de"], "train": [
-        {"format": "pairs", "source": str(work / "train.en"), "target": str(work / "train.de")}]})
+    # The corpus is Multi30k repeated: with the duplicate filter on, a start would keep 29k pairs.
+    return DataSpec.model_validate({"sourceLang": "en", "targetLangs": ["de"], "checks": {"dropDuplicates": False},
+                                    "train": [{"format": "pairs", "source": str(work / "train.en"),
+                                               "target": str(work / "train.de")}]})
+
+
+class _Pairs:
+    """Text already read, as shards.prepare_corpus takes it (iterable again, with a report)."""
+
+    def __init__(self, sources: list[str], targets: list[str]):
+        self.sources, self.targets = sources, targets
+
+    def __iter__(self):
+        return zip(self.sources, self.targets)
+
+    def report(self) -> dict:
+        return {"read": len(self.sources), "kept": len(self.sources)}
 
 
 def _alone():
@@ -113,25 +129,39 @@ def _alone():
 
 
 def job_prepare(work: Path, workers: int) -> dict:
-    """`rosetta prepare`'s part after reading: the key, then tokenizing and writing (with the
-    data files' identity, as the trainer records it for its restarts)."""
+    """`rosetta prepare`'s part after reading, from text in memory as datasets.map is given it:
+    hashing, tokenizing and writing in one pass (with the data files' identity, as the trainer
+    records it for its restarts)."""
     from rosetta_trainer import shards
     from rosetta_trainer.data_identity import data_identity
 
     tokenizer = _tokenizer(work)
-    sources, targets = _read(work)
+    text = _Pairs(*_read(work))
     started, cpu = time.perf_counter(), _cpu()
-    key = shards.corpus_key(sources, targets, tokenizer, MAX_LENGTH, MAX_LENGTH)
-    hashed = time.perf_counter()
-    shards.prepare_corpus(work / "prepared", tokenizer, sources, targets, MAX_LENGTH, MAX_LENGTH, _alone(),
-                          workers=workers, identity=data_identity(_data_spec(work), use_prefix=False),
-                          train_report={"read": len(sources), "kept": len(sources)})
+    corpus, _ = shards.prepare_corpus(work / "prepared", tokenizer, text, MAX_LENGTH, MAX_LENGTH, _alone(),
+                                      workers=workers, identity=data_identity(_data_spec(work), use_prefix=False))
     done = time.perf_counter()
-    meta = json.loads((work / "prepared" / key / "meta.json").read_text())
-    size = sum(p.stat().st_size for p in (work / "prepared" / key).iterdir())
-    return {"seconds": done - started, "cpu_seconds": _cpu() - cpu, "key_seconds": hashed - started, "tokenize_write_seconds": done - hashed,
-            "tokens": meta["tokens"]["source"] + meta["tokens"]["target"], "dtype": meta["dtype"],
+    size = sum(p.stat().st_size for p in corpus.path.iterdir())
+    return {"seconds": done - started, "cpu_seconds": _cpu() - cpu,
+            "tokens": corpus.meta["tokens"]["source"] + corpus.meta["tokens"]["target"], "dtype": corpus.meta["dtype"],
             "disk_mib": _mib(size), **_memory()}
+
+
+def job_prepare_files(work: Path, workers: int) -> dict:
+    """`rosetta prepare` from the data files, what a first start's writing rank does: reading,
+    checking, hashing, tokenizing and writing in one pass with the text streaming through. Its
+    peak memory is the point: it must not grow with the corpus."""
+    from rosetta_trainer import shards
+    from rosetta_trainer.data_checks import read_checked
+
+    tokenizer = _tokenizer(work)
+    before = _memory()
+    started, cpu = time.perf_counter(), _cpu()
+    data = read_checked(_data_spec(work), read_train=False)
+    _, report = shards.prepare_corpus(work / "prepared-files", tokenizer, data.training_text.pairs(False),
+                                           MAX_LENGTH, MAX_LENGTH, _alone(), workers=workers)
+    return {"seconds": time.perf_counter() - started, "cpu_seconds": _cpu() - cpu, "pairs": report["kept"],
+            **_with_baseline(before, _memory())}
 
 
 def job_startup(work: Path, workers: int) -> dict:
@@ -140,9 +170,9 @@ def job_startup(work: Path, workers: int) -> dict:
     from rosetta_trainer.batching import plan_epoch
 
     tokenizer = _tokenizer(work)
-    sources, targets = _read(work)
+    text = _Pairs(*_read(work))
     started = time.perf_counter()
-    corpus = shards.prepare_corpus(work / "prepared", tokenizer, sources, targets, MAX_LENGTH, MAX_LENGTH, _alone())
+    corpus, _ = shards.prepare_corpus(work / "prepared", tokenizer, text, MAX_LENGTH, MAX_LENGTH, _alone())
     lengths = corpus.lengths()
     ready = time.perf_counter()
     plan_epoch(*lengths, seed=1, epoch=0, max_tokens=8192)
@@ -229,9 +259,9 @@ def rank_prepared(work: Path, barrier) -> dict:
 
     tokenizer = _tokenizer(work)
     before = _memory()
-    sources, targets = _read(work)
-    corpus = shards.prepare_corpus(work / "prepared", tokenizer, sources, targets, MAX_LENGTH, MAX_LENGTH, _alone())
-    del sources, targets  # as the trainer does once the ids are mapped
+    text = _Pairs(*_read(work))
+    corpus, _ = shards.prepare_corpus(work / "prepared", tokenizer, text, MAX_LENGTH, MAX_LENGTH, _alone())
+    del text  # as the trainer does once the ids are mapped
     corpus.lengths()
     int(corpus.sources.ids.sum()) + int(corpus.targets.ids.sum())  # every page read once, as an epoch does
     barrier.wait()
@@ -336,6 +366,7 @@ def main() -> int:
         if not args.skip_current:
             runs["current"] = run_alone("current", work, args.workers)
         runs["prepare"] = run_alone("prepare", work, args.workers)
+        runs["prepare_files"] = run_alone("prepare_files", work, args.workers)
         runs["startup_prepared"] = run_alone("startup", work, args.workers)
         runs["restart_prepared"] = run_alone("restart", work, args.workers)
         runs["datasets_map"] = run_alone("datasets", work, args.workers)

@@ -2,24 +2,30 @@
 and `rosetta prepare` saves a later training the tokenizing."""
 
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from rosetta_cli.main import main
+from rosetta_contract.exits import TERMINATION_LOG_ENV
 from rosetta_trainer import shards
 from rosetta_trainer.__main__ import train_from_file
 from rosetta_trainer.batching import encode
 from rosetta_trainer.checkpoint import latest_checkpoint
-from support.training import read_jsonl
+from support.training import TINY, deep_update, read_jsonl
 
 pytestmark = pytest.mark.slow
 
 
-def in_memory(root, tokenizer, sources, targets, max_source, max_target, world, **_):
+def in_memory(root, tokenizer, pairs, max_source, max_target, world, **_):
     """What the trainer did before shards.py: every rank's ids as Python lists."""
-    return encode(tokenizer, sources, targets, max_source, max_target)
+    text = list(pairs)
+    return encode(tokenizer, [s for s, _ in text], [t for _, t in text], max_source, max_target), pairs.report()
 
 
 def weights(out):
@@ -116,3 +122,27 @@ def test_a_restart_with_unchanged_files_maps_its_data_without_reading_the_traini
     read.clear()
     train_from_file(cfg_copy, str(out), overrides=["spec.training.maxSteps=12"], progress=False)
     assert str(copy) not in read
+
+
+def test_a_bad_training_file_stops_every_rank_with_the_one_reader_s_message(tmp_path):
+    # Under torchrun only rank 0 reads the training text (it trains the tokenizer and tokenizes):
+    # rank 1 must still stop, with the same data error, rather than wait for rank 0 forever.
+    good = [(f"The house number {i} is red.", f"Das Haus Nummer {i} ist rot.") for i in range(200)]
+    (tmp_path / "train.en").write_text("".join(f"{s}\n" for s, _ in good))
+    (tmp_path / "train.de").write_bytes("".join(f"{t}\n" for _, t in good[:149]).encode() + b"Stra\xdfe\n"
+                                        + "".join(f"{t}\n" for _, t in good[150:]).encode())
+    config = deep_update(TINY, {"spec": {"data": {"train": [
+        {"format": "pairs", "source": str(tmp_path / "train.en"), "target": str(tmp_path / "train.de")}]}}})
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(config))
+    log = tmp_path / "termination-log"
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          "-m", "rosetta_trainer", "train", "-f", str(path), "--output", str(tmp_path / "out"),
+                          "--no-progress"], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "OMP_NUM_THREADS": "1", TERMINATION_LOG_ENV: str(log)})
+    message = f"{tmp_path / 'train.de'}:150: not UTF-8 text"
+    assert res.returncode != 0
+    assert res.stderr.count(f"error: {message}") == 2, res.stderr[-3000:]  # one line from each rank
+    assert message in log.read_text()
+    assert not (tmp_path / "out" / shards.PREPARED_DIR).exists() or not [
+        p for p in (tmp_path / "out" / shards.PREPARED_DIR).iterdir() if not p.name.startswith(".")]

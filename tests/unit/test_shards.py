@@ -27,6 +27,50 @@ def pairs():
     return [s for s, _ in pairs], [t for _, t in pairs]
 
 
+class Reported(list):
+    """Pairs with the training split's report, as data_checks.TrainingPairs has."""
+
+    def __init__(self, pairs, report):
+        super().__init__(zip(*pairs))
+        self._report = report
+
+    def report(self):
+        return self._report
+
+
+class Unreadable:
+    """Training text that no rank but the writer may read."""
+
+    def __iter__(self):
+        raise AssertionError("a rank that does not write read the training text")
+
+
+class BadData:
+    """Training text whose files turn out bad midway, as data_checks reports it."""
+
+    def __init__(self, pairs):
+        self.pairs = list(zip(*pairs))
+
+    def __iter__(self):
+        from rosetta_trainer.data import DataError
+
+        yield from self.pairs[:300]
+        raise DataError("train.en:301: not UTF-8 text (invalid start byte at byte 4)")
+
+
+def prepare(root, tokenizer, sources, targets, max_source=48, max_target=48, world=ALONE, **kw):
+    corpus, _report = shards.prepare_corpus(root, tokenizer, list(zip(sources, targets)), max_source, max_target,
+                                            world, **kw)
+    return corpus
+
+
+def flat(chunks):
+    """tokenize's chunks end to end: ((source ids, lengths), (target ids, lengths))."""
+    chunks = list(chunks)
+    return tuple((np.concatenate([c[side][0] for c in chunks]), np.concatenate([c[side][1] for c in chunks]))
+                 for side in range(2))
+
+
 def _tokenizer(directory, sources, targets, vocab_size=200):
     train_tokenizer(TokenizerTraining(type="unigram", vocab_size=vocab_size), [*sources, *targets], directory)
     return load_tokenizer(directory)
@@ -40,7 +84,7 @@ def tokenizer(pairs, tmp_path_factory):
 def test_prepared_ids_are_the_in_memory_ids(pairs, tokenizer, tmp_path):
     sources, targets = pairs
     expected = encode(tokenizer, sources, targets, 12, 40)  # 12: some sources are truncated
-    corpus = shards.prepare_corpus(tmp_path, tokenizer, sources, targets, 12, 40, ALONE)
+    corpus = prepare(tmp_path, tokenizer, sources, targets, 12, 40)
 
     assert len(corpus) == len(expected) == len(sources)
     assert corpus.meta["dtype"] == "uint16"
@@ -58,8 +102,8 @@ def test_prepared_ids_are_the_in_memory_ids(pairs, tokenizer, tmp_path):
 
 def test_worker_processes_give_the_same_ids(pairs, tokenizer):
     sources, targets = pairs
-    alone = shards.tokenize(tokenizer, sources, targets, 48, 48, workers=1)
-    parallel = shards.tokenize(tokenizer, sources, targets, 48, 48, workers=2, chunk=70)
+    alone = flat(shards.tokenize(tokenizer, zip(sources, targets), 48, 48, workers=1))
+    parallel = flat(shards.tokenize(tokenizer, zip(sources, targets), 48, 48, workers=2, chunk=70))
     for (ids_a, len_a), (ids_b, len_b) in zip(alone, parallel):
         assert np.array_equal(ids_a, ids_b) and np.array_equal(len_a, len_b)
 
@@ -73,16 +117,16 @@ def test_ids_are_uint32_when_the_vocabulary_does_not_fit_uint16():
 
 def test_a_changed_pair_tokenizer_or_length_gives_a_new_directory(pairs, tokenizer, tmp_path):
     sources, targets = pairs
-    key = shards.corpus_key(sources, targets, tokenizer, 48, 48)
-    assert shards.corpus_key(list(sources), list(targets), tokenizer, 48, 48) == key  # content, not identity
+    key = shards.corpus_key(zip(sources, targets), tokenizer, 48, 48)
+    assert shards.corpus_key(zip(list(sources), list(targets)), tokenizer, 48, 48) == key  # content, not identity
     edited = [sources[0] + " x", *sources[1:]]
-    assert shards.corpus_key(edited, targets, tokenizer, 48, 48) != key
+    assert shards.corpus_key(zip(edited, targets), tokenizer, 48, 48) != key
     # The same text split differently between pairs is other data.
     moved = [sources[0] + sources[1][:1], sources[1][1:], *sources[2:]]
-    assert shards.corpus_key(moved, targets, tokenizer, 48, 48) != key
-    assert shards.corpus_key(sources, targets, tokenizer, 40, 48) != key
+    assert shards.corpus_key(zip(moved, targets), tokenizer, 48, 48) != key
+    assert shards.corpus_key(zip(sources, targets), tokenizer, 40, 48) != key
     other = _tokenizer(tmp_path / "other", sources, targets, vocab_size=150)
-    assert shards.corpus_key(sources, targets, other, 48, 48) != key
+    assert shards.corpus_key(zip(sources, targets), other, 48, 48) != key
 
 
 def test_the_tokenizer_fingerprint_survives_a_call_and_a_save(tokenizer, tmp_path):
@@ -95,13 +139,13 @@ def test_the_tokenizer_fingerprint_survives_a_call_and_a_save(tokenizer, tmp_pat
 
 def test_a_half_written_directory_is_never_mapped(pairs, tokenizer, tmp_path):
     sources, targets = pairs
-    key = shards.corpus_key(sources, targets, tokenizer, 48, 48)
+    key = shards.corpus_key(zip(sources, targets), tokenizer, 48, 48)
     half = tmp_path / key
     half.mkdir()
     np.save(half / "source_ids.npy", np.zeros(3, np.uint16))  # a crash before COMPLETE
     (tmp_path / f".tmp-{key}-dead").mkdir()  # a crashed writer's temporary directory
 
-    corpus = shards.prepare_corpus(tmp_path, tokenizer, sources, targets, 48, 48, ALONE)
+    corpus = prepare(tmp_path, tokenizer, sources, targets)
     assert corpus.path == half and shards.is_complete(half)
     assert len(corpus) == len(sources)
     assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(".tmp-")] == [key]
@@ -109,17 +153,17 @@ def test_a_half_written_directory_is_never_mapped(pairs, tokenizer, tmp_path):
 
 def test_a_complete_directory_is_mapped_not_rewritten(pairs, tokenizer, tmp_path, caplog):
     sources, targets = pairs
-    first = shards.prepare_corpus(tmp_path, tokenizer, sources, targets, 48, 48, ALONE)
+    first = prepare(tmp_path, tokenizer, sources, targets)
     stamp = (first.path / "source_ids.npy").stat().st_mtime_ns
     caplog.set_level("INFO", logger="rosetta_trainer.shards")
-    second = shards.prepare_corpus(tmp_path, tokenizer, sources, targets, 48, 48, ALONE)
+    second = prepare(tmp_path, tokenizer, sources, targets)
     assert second.path == first.path and (first.path / "source_ids.npy").stat().st_mtime_ns == stamp
     assert "mapped prepared 600 pairs" in caplog.text
     assert isinstance(second.sources.ids, np.memmap)
 
 
 def test_a_pickled_corpus_reopens_its_files(pairs, tokenizer, tmp_path):
-    corpus = shards.prepare_corpus(tmp_path, tokenizer, *pairs, 48, 48, ALONE)
+    corpus = prepare(tmp_path, tokenizer, *pairs)
     blob = pickle.dumps(corpus)
     assert len(blob) < 1000  # the path, not the ids
     again = pickle.loads(blob)
@@ -138,7 +182,7 @@ def _find_rank(rank: int, port: int, roots: list[str], local_size: int, tokenize
         torch.distributed.destroy_process_group()
 
 
-def _rank(rank: int, port: int, roots: list[str], local_size: int, tokenizer_dir: str, pairs, results) -> None:
+def _rank(rank: int, port: int, roots: list[str], local_size: int, tokenizer_dir: str, texts, results) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank))
     torch.distributed.init_process_group("gloo")
     try:
@@ -149,7 +193,11 @@ def _rank(rank: int, port: int, roots: list[str], local_size: int, tokenizer_dir
         handler.emit = lambda record: messages.append(record.getMessage())
         shards.log.addHandler(handler)
         shards.log.setLevel(logging.INFO)
-        corpus = shards.prepare_corpus(roots[rank], load_tokenizer(tokenizer_dir), *pairs, 48, 48, world)
+        try:
+            corpus, _ = shards.prepare_corpus(roots[rank], load_tokenizer(tokenizer_dir), texts[rank], 48, 48, world)
+        except Exception as exc:
+            results.put((rank, type(exc).__name__, str(exc), None, None))
+            return
         maps = [line.split()[-1] for line in open("/proc/self/maps") if str(corpus.path) in line]
         wrote = any("tokenized and wrote" in m for m in messages)
         results.put((rank, str(corpus.path), corpus.sources[7].tolist(), sorted(set(maps)), wrote))
@@ -157,15 +205,18 @@ def _rank(rank: int, port: int, roots: list[str], local_size: int, tokenizer_dir
         torch.distributed.destroy_process_group()
 
 
-def _two_ranks(tmp_path, tokenizer, pairs, roots, local_size, target=_rank):
+def _two_ranks(tmp_path, tokenizer, pairs, roots, local_size, target=_rank, texts=None):
+    """What each of two ranks got; `texts`: what each passes as its training text (by default the
+    pairs for both)."""
     tokenizer.save_pretrained(tmp_path / "tok")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
+    texts = texts or [list(zip(*pairs))] * 2
     procs = [ctx.Process(target=target, args=(r, port, [str(root) for root in roots], local_size, str(tmp_path / "tok"),
-                                             pairs, results)) for r in range(2)]
+                                             texts, results)) for r in range(2)]
     for p in procs:
         p.start()
     got = sorted(results.get(timeout=120) for _ in procs)
@@ -177,8 +228,10 @@ def _two_ranks(tmp_path, tokenizer, pairs, roots, local_size, target=_rank):
 
 def test_two_ranks_map_the_files_one_of_them_wrote(pairs, tokenizer, tmp_path):
     root = tmp_path / "prepared"
+    # The rank that does not write never reads the training text.
+    texts = [list(zip(*pairs)), Unreadable()]
     (_, path0, ids0, maps0, wrote0), (_, path1, ids1, maps1, wrote1) = _two_ranks(tmp_path, tokenizer, pairs,
-                                                                                  [root, root], 2)
+                                                                                  [root, root], 2, texts=texts)
     assert path0 == path1 and ids0 == ids1
     assert (wrote0, wrote1) == (True, False)
     assert [p.name for p in root.iterdir()] == [os.path.basename(path0)]  # written once
@@ -197,8 +250,10 @@ def test_on_two_nodes_without_shared_storage_each_node_writes_its_own(pairs, tok
 
 
 def test_data_files_unchanged_since_they_were_prepared_find_the_directory_without_the_text(pairs, tokenizer, tmp_path):
-    written = shards.prepare_corpus(tmp_path, tokenizer, *pairs, 48, 48, ALONE, identity="same-files",
-                                    train_report={"read": 601, "kept": 600, "dropped": {"empty": 1}})
+    report = {"read": 601, "kept": 600, "dropped": {"empty": 1}}
+    written, returned = shards.prepare_corpus(tmp_path, tokenizer, Reported(pairs, report), 48, 48, ALONE,
+                                              identity="same-files")
+    assert returned == report
     corpus, report = shards.find_prepared(tmp_path, "same-files", tokenizer, 48, 48, ALONE)
     assert corpus.path == written.path and corpus.sources[3].tolist() == written.sources[3].tolist()
     assert report == {"read": 601, "kept": 600, "dropped": {"empty": 1}}
@@ -211,24 +266,69 @@ def test_data_files_unchanged_since_they_were_prepared_find_the_directory_withou
 
 def test_a_node_whose_disk_lacks_the_prepared_directory_makes_every_rank_read_the_text(pairs, tokenizer, tmp_path):
     roots = [tmp_path / "node0" / "prepared", tmp_path / "node1" / "prepared"]
-    shards.prepare_corpus(roots[0], tokenizer, *pairs, 48, 48, ALONE, identity="same-files",
-                          train_report={"read": 600, "kept": 600})
+    shards.prepare_corpus(roots[0], tokenizer, Reported(pairs, {"read": 600, "kept": 600}), 48, 48, ALONE,
+                          identity="same-files")
     assert [found for _, found, *_ in _two_ranks(tmp_path, tokenizer, pairs, roots, 1, _find_rank)] == [False, False]
-    shards.prepare_corpus(roots[1], tokenizer, *pairs, 48, 48, ALONE, identity="same-files",
-                          train_report={"read": 600, "kept": 600})
+    shards.prepare_corpus(roots[1], tokenizer, Reported(pairs, {"read": 600, "kept": 600}), 48, 48, ALONE,
+                          identity="same-files")
     assert [found for _, found, *_ in _two_ranks(tmp_path, tokenizer, pairs, roots, 1, _find_rank)] == [True, True]
 
 
 def test_on_two_nodes_with_shared_storage_rank_0_writes(pairs, tokenizer, tmp_path):
     root = tmp_path / "shared" / "prepared"
-    (_, path0, _, _, wrote0), (_, path1, _, _, wrote1) = _two_ranks(tmp_path, tokenizer, pairs, [root, root], 1)
+    (_, path0, _, _, wrote0), (_, path1, _, _, wrote1) = _two_ranks(tmp_path, tokenizer, pairs, [root, root], 1,
+                                                                    texts=[list(zip(*pairs)), Unreadable()])
     assert path0 == path1 and (wrote0, wrote1) == (True, False)
     assert [p.name for p in root.iterdir()] == [os.path.basename(path0)]
 
 
+def test_a_data_error_in_the_writer_stops_every_rank_with_its_message(pairs, tokenizer, tmp_path):
+    root = tmp_path / "prepared"
+    got = _two_ranks(tmp_path, tokenizer, pairs, [root, root], 2, texts=[BadData(pairs), Unreadable()])
+    message = "train.en:301: not UTF-8 text (invalid start byte at byte 4)"
+    assert [(kind, text) for _, kind, text, *_ in got] == [("DataError", message)] * 2
+    assert not [p for p in root.iterdir() if not p.name.startswith(".tmp-")]  # nothing mapped or kept
+    assert not list(root.iterdir())  # the writer's temporary directory went too
+
+
+def test_nodes_whose_copies_of_the_data_differ_are_told(pairs, tokenizer, tmp_path):
+    roots = [tmp_path / "node0" / "prepared", tmp_path / "node1" / "prepared"]
+    edited = ([pairs[0][0] + " x", *pairs[0][1:]], pairs[1])
+    got = _two_ranks(tmp_path, tokenizer, pairs, roots, 1, texts=[list(zip(*pairs)), list(zip(*edited))])
+    assert {kind for _, kind, *_ in got} == {"RuntimeError"}
+    assert all("the nodes' training data differ" in text for _, _, text, *_ in got)
+
+
+def test_the_text_is_read_as_a_stream_a_few_chunks_ahead(pairs, tokenizer):
+    sources, targets = pairs
+    read = 0
+
+    def stream():
+        nonlocal read
+        for i in range(100_000):
+            read += 1
+            yield sources[i % 600], targets[i % 600]
+
+    chunks = shards.tokenize(tokenizer, stream(), 48, 48, workers=2, chunk=1_000)
+    next(chunks)
+    # What was read before the first chunk came back: enough to choose the workers, and what the
+    # workers were given ahead (two chunks each), never the corpus.
+    assert read <= shards.PARALLEL_MIN_PAIRS + 2 * 2 * 1_000 + 1_000
+    chunks.close()
+
+
+def test_the_key_does_not_depend_on_how_the_text_was_chunked(pairs, tokenizer, tmp_path):
+    text = list(zip(*pairs))
+    a = shards.write(tmp_path / "a", tokenizer, text, 48, 48, workers=1, chunk=70)
+    b = shards.write(tmp_path / "b", tokenizer, text, 48, 48, workers=2, chunk=250)
+    assert a.name == b.name == shards.corpus_key(text, tokenizer, 48, 48)
+    for name in ("source_ids.npy", "source_offsets.npy", "target_ids.npy", "target_offsets.npy"):
+        assert np.array_equal(np.load(a / name), np.load(b / name))
+
+
 def test_writing_new_data_removes_what_older_data_and_crashed_writers_left(pairs, tokenizer, tmp_path, caplog):
     sources, targets = pairs
-    old = shards.prepare_corpus(tmp_path, tokenizer, sources[:300], targets[:300], 48, 48, ALONE).path
+    old = prepare(tmp_path, tokenizer, sources[:300], targets[:300]).path
     crashed = tmp_path / ".tmp-deadbeef-0000"
     crashed.mkdir()
     (crashed / "source_ids.npy").write_bytes(b"\0" * 100)
@@ -238,11 +338,11 @@ def test_writing_new_data_removes_what_older_data_and_crashed_writers_left(pairs
     os.utime(crashed, (hour_ago, hour_ago))
     caplog.set_level("INFO", logger="rosetta_trainer.shards")
 
-    new = shards.prepare_corpus(tmp_path, tokenizer, sources, targets, 48, 48, ALONE).path
+    new = prepare(tmp_path, tokenizer, sources, targets).path
     assert new != old and not old.exists() and not crashed.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([new.name, in_progress.name])
     assert "prepared for other data or another tokenizer" in caplog.text
     # Mapping what is there removes nothing.
     in_progress.rmdir()
-    shards.prepare_corpus(tmp_path, tokenizer, sources, targets, 48, 48, ALONE)
+    prepare(tmp_path, tokenizer, sources, targets)
     assert [p.name for p in tmp_path.iterdir()] == [new.name]

@@ -47,11 +47,10 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
     from rosetta_trainer import checkpoint as ckpt
     from rosetta_trainer import s3_mirror
     from rosetta_trainer.cpu_allocator import keep_freed_memory
-    from rosetta_trainer.data_checks import describe, read_checked
+    from rosetta_trainer.data_checks import SplitReport, describe, read_checked
     from rosetta_trainer.data_identity import data_identity
     from rosetta_trainer.deepspeed_backend import is_deepspeed_checkpoint, partitioned_loading
     from rosetta_trainer.distributed import barrier, close, init_world
-    from rosetta_trainer.evaluate import model_inputs
     from rosetta_trainer.loop import Position, Trainer
     from rosetta_trainer.models import build_model, count_parameters, load_pretrained, model_from_config
     from rosetta_trainer.shards import PREPARED_DIR, find_prepared, prepare_corpus
@@ -79,36 +78,33 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
                                          on_complete=mirror.submit if mirror else None)
 
     # 1. data, checked on the raw text: bad files stop here, filtered pairs are counted.
-    # A restart whose data files are unchanged maps the ids it prepared before (shards.py) and
-    # reads only the validation and test text.
+    # Every rank reads the validation and test text; the training text is read by the one
+    # process that tokenizes it into <output>/prepared/, as it streams (shards.py), and a restart
+    # whose data files are unchanged maps the ids prepared before without reading it at all.
     d = spec.data
+    if not d.train:
+        raise ValueError("spec.data.train: no training examples")
     use_prefix = spec.uses_task_prefix()
     identity = data_identity(d, use_prefix=use_prefix)
     tokenizer = found = None
     if not _trains_tokenizer(spec, resume_from):
-        tokenizer = _prepare_tokenizer(spec, None, None, output, world, resume_from)
+        tokenizer = _prepare_tokenizer(spec, None, output, world, resume_from)
         found = find_prepared(output / PREPARED_DIR, identity, tokenizer, d.max_source_length,
                               d.max_target_length, world)
-    data = read_checked(d, train_report=found[1] if found else None)
-    log.info("data: %s", describe(data))
-    for warning in data.warnings:
-        log.warning("%s", warning)
+    data = read_checked(d, train_report=found[1] if found else None, read_train=False)
     if found:
         corpus = found[0]
     else:
-        train_examples = data.train
-        if not train_examples:
-            raise ValueError("spec.data.train: no training examples")
-        sources = model_inputs(train_examples, d.source_lang, use_prefix)
-        targets = [e.target for e in train_examples]
+        text = data.training_text.pairs(use_prefix)
         # 2. tokenizer (trained once by rank 0, then sent to every rank)
         if tokenizer is None:
-            tokenizer = _prepare_tokenizer(spec, sources, targets, output, world, resume_from)
-        # tokenized once per corpus and tokenizer into <output>/prepared/, then memory-mapped (shards.py)
-        corpus = prepare_corpus(output / PREPARED_DIR, tokenizer, sources, targets, d.max_source_length,
-                                d.max_target_length, world, identity=identity,
-                                train_report=data.reports["train"].as_dict("train"))
-        data.train = train_examples = sources = targets = None  # only the ids are needed from here on
+            tokenizer = _prepare_tokenizer(spec, text, output, world, resume_from)
+        corpus, report = prepare_corpus(output / PREPARED_DIR, tokenizer, text, d.max_source_length,
+                                        d.max_target_length, world, identity=identity)
+        data.reports["train"] = SplitReport.from_dict(report)
+    log.info("data: %s", describe(data))
+    for warning in data.warnings:
+        log.warning("%s", warning)
     validation, test = data.validation, data.test
 
     # 3. model: the same initial weights on every rank, then per-rank dropout streams
@@ -200,13 +196,14 @@ def _trains_tokenizer(spec, resume_from) -> bool:
     return resume_from is None and spec.tokenizer.path is None and spec.tokenizer.train is not None
 
 
-def _prepare_tokenizer(spec, sources, targets, output: Path, world, resume_from):
-    """A resumed run reuses its checkpoint's tokenizer; a new one is trained by rank 0 only, which
-    saves it to <output>/tokenizer and sends its files to the other ranks: they load it from a
-    private directory, so no rank needs to see rank 0's output (a pod's own disk on another node)."""
+def _prepare_tokenizer(spec, text, output: Path, world, resume_from):
+    """A resumed run reuses its checkpoint's tokenizer; a new one is trained by rank 0 only, from
+    `text` ((source, target) pairs, read as they stream), which saves it to <output>/tokenizer and
+    sends its files to the other ranks: they load it from a private directory, so no rank needs
+    to see rank 0's output (a pod's own disk on another node)."""
     import tempfile
 
-    from rosetta_trainer.distributed import broadcast_object
+    from rosetta_trainer.distributed import broadcast_object, failure, raise_failures
     from rosetta_trainer.tokenization import load_tokenizer, train_tokenizer
 
     if resume_from is not None:
@@ -216,11 +213,18 @@ def _prepare_tokenizer(spec, sources, targets, output: Path, world, resume_from)
     if spec.tokenizer.train is None:
         return load_tokenizer(spec.model.name)
     out = output / "tokenizer"
-    files = None
+    files = failed = None
     if world.is_main:
-        train_tokenizer(spec.tokenizer.train, [*sources, *targets], out)
-        files = {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
-    files = broadcast_object(world, files)
+        try:
+            train_tokenizer(spec.tokenizer.train, text, out)
+        except Exception as exc:  # reading the text can fail: the other ranks must hear of it
+            if not world.distributed:
+                raise
+            failed = failure(exc, world.rank, "train the tokenizer")
+        else:
+            files = {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    files, failed = broadcast_object(world, (files, failed))
+    raise_failures([failed] if failed else [])
     if world.is_main:
         return load_tokenizer(str(out))
     with tempfile.TemporaryDirectory(prefix="rosetta-tokenizer-") as private:

@@ -36,8 +36,9 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
-from rosetta_contract.config import REQUIRED_BY_FORMAT, DataSpec
+from rosetta_contract.config import REQUIRED_BY_FORMAT, DataSpec, task_prefix
 from rosetta_contract.exits import (
     DEFAULT_TERMINATION_LOG,
     MAX_TERMINATION_MESSAGE,
@@ -79,6 +80,8 @@ class CheckedData:
     validation: list[Example]
     test: list[Example]
     reports: dict[str, SplitReport]
+    # The training split to stream when it was not read here (read_checked(read_train=False)).
+    training_text: TrainingText | None = None
 
     @property
     def report(self) -> dict:
@@ -104,19 +107,16 @@ def _pairs(n: int) -> str:
     return "pair" if n == 1 else "pairs"
 
 
-def read_checked(data: DataSpec, keep: bool = True, train_report: dict | None = None) -> CheckedData:
+def read_checked(data: DataSpec, keep: bool = True, train_report: dict | None = None, *,
+                 read_train: bool = True) -> CheckedData:
     """Every split read and checked. `keep=False` only counts (`rosetta validate` on big corpora):
     the sources stream through (no file is held whole), leaving 8 bytes per distinct training pair
     and the validation and test sources. With `train_report` (a start that found its prepared
     training data, shards.find_prepared) the training split is not read: its report is that one
-    and `train` is empty."""
-    checks = data.checks
-    ratio = checks.max_length_ratio if data.task == "translation" else None
+    and `train` is empty. With `read_train=False` it is not read either: `training_text` streams
+    it later, for the one process that tokenizes it (shards.prepare_corpus)."""
     reports = {split: SplitReport() for split in ("train", *EVAL_SPLITS)}
     kept: dict[str, list[Example]] = {split: [] for split in reports}
-    if train_report is not None:
-        reports["train"] = SplitReport.from_dict(train_report)
-
     held_out: set[tuple[str, str]] = set()
     for split in EVAL_SPLITS:
         report = reports[split]
@@ -131,24 +131,66 @@ def read_checked(data: DataSpec, keep: bool = True, train_report: dict | None = 
                     kept[split].append(ex)
         report.kept = report.read
 
+    training_text = TrainingText(data, held_out)
+    checked = CheckedData(kept["train"], kept["validation"], kept["test"], reports, training_text)
     if train_report is not None:
-        return CheckedData([], kept["validation"], kept["test"], reports)
-    report, seen = reports["train"], set()
-    for src in data.train:
-        checked = src.format != "generated"
-        for ex in iter_source(src, data):
-            report.read += 1
-            reason = checked and _rejected(ex, ratio, held_out if checks.drop_test_overlap else None,
-                                           seen if checks.drop_duplicates else None)
-            if reason:
-                report.dropped[reason] += 1
-                continue
-            report.kept += 1
+        reports["train"] = SplitReport.from_dict(train_report)
+    elif read_train:
+        for ex in training_text:
             if keep:
                 kept["train"].append(ex)
-    if data.train and not report.kept:
-        raise DataError(f"spec.data.train: no training pair is left: {describe_split('train', report)}")
-    return CheckedData(kept["train"], kept["validation"], kept["test"], reports)
+        reports["train"] = training_text.report
+    return checked
+
+
+class TrainingText:
+    """The training split as a stream of checked examples, read afresh at each iteration, so that
+    no process need hold the corpus: iterating reads every source, drops what the filters drop and
+    leaves the counts in `report`. Raises DataError, at the end, when no pair is left."""
+
+    def __init__(self, data: DataSpec, held_out: set[tuple[str, str]]):
+        self.data, self.held_out = data, held_out
+        self.report = SplitReport()
+
+    def __iter__(self) -> Iterator[Example]:
+        data, checks = self.data, self.data.checks
+        ratio = checks.max_length_ratio if data.task == "translation" else None
+        held_out = self.held_out if checks.drop_test_overlap else None
+        report, seen = SplitReport(), set() if checks.drop_duplicates else None
+        for src in data.train:
+            checked = src.format != "generated"
+            for ex in iter_source(src, data):
+                report.read += 1
+                reason = checked and _rejected(ex, ratio, held_out, seen)
+                if reason:
+                    report.dropped[reason] += 1
+                    continue
+                report.kept += 1
+                yield ex
+        self.report = report
+        if data.train and not report.kept:
+            raise DataError(f"spec.data.train: no training pair is left: {describe_split('train', report)}")
+
+    def pairs(self, use_prefix: bool) -> "TrainingPairs":
+        """(model input, target) pairs: the source with its task prefix when the model takes one."""
+        return TrainingPairs(self, use_prefix)
+
+
+class TrainingPairs:
+    """TrainingText as the (source, target) strings a tokenizer sees; iterable more than once."""
+
+    def __init__(self, text: TrainingText, use_prefix: bool):
+        self.text, self.use_prefix = text, use_prefix
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        if not self.use_prefix:
+            return ((ex.source, ex.target) for ex in self.text)
+        lang = self.text.data.source_lang
+        return ((task_prefix(lang, ex.target_lang, ex.task) + ex.source, ex.target) for ex in self.text)
+
+    def report(self) -> dict:
+        """The training split's report of the last complete iteration (summary.json "data")."""
+        return self.text.report.as_dict("train")
 
 
 def _rejected(ex: Example, ratio: float | None, held_out: set | None, seen: set | None) -> str | None:

@@ -81,6 +81,32 @@ def broadcast_object(world: World, obj, src: int = 0):
     return box[0]
 
 
+def failure(exc: Exception, rank: int, doing: str) -> tuple[str, str]:
+    """(kind, message) of an error in work one rank does for all (preparing the data, training
+    the tokenizer), to send to the others so that every rank raises it alike rather than waiting
+    for that rank forever. A data error and a plain refusal keep their own message: a data
+    error becomes the training's DataInvalid condition, word for word."""
+    from rosetta_trainer.data import DataError
+
+    if isinstance(exc, DataError):
+        return "data", str(exc)
+    if type(exc) is ValueError:
+        return "value", str(exc)
+    return "other", f"rank {rank} could not {doing}: {type(exc).__name__}: {exc}"
+
+
+def raise_failures(failures: list[tuple[str, str]]) -> None:
+    """Raise what `failure` described, a data error first; nothing when the list is empty."""
+    from rosetta_trainer.data import DataError
+
+    for kind, cls in (("data", DataError), ("value", ValueError)):
+        messages = [message for k, message in failures if k == kind]
+        if messages:
+            raise cls(messages[0])
+    if failures:
+        raise RuntimeError("; ".join(message for _, message in failures))
+
+
 def all_reduce_sum(world: World, tensor: torch.Tensor) -> torch.Tensor:
     if world.distributed:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)

@@ -20,18 +20,26 @@ not its path), the maximum lengths and FORMAT_VERSION. Hashing the checked text 
 the data files' size and mtime keys every source format alike (files, `generated`, Hugging Face
 datasets), follows every setting that changes the text without a list to keep in sync, and is
 not fooled by a copy (a new mtime, the same content) or an in-place edit within the file
-system's mtime resolution; it costs one pass over text that was just read.
+system's mtime resolution.
 
-Hashing the text needs the text, read and checked on every rank. So that a restart need not
-read it again, a directory also holds one `source-<hash>.json` per identity of the data files it
-was made from (data_identity.py: spec.data and each file's size and mtime, with the tokenizer and
-lengths), with the training split's report; `find_prepared` maps the directory such a file names
-and no rank reads the training text.
+The text streams: the one process that writes reads and checks it (data_checks.TrainingText),
+hashes it and hands it to the tokenizing workers a few chunks at a time, appending their ids to
+the files, so its memory does not grow with the corpus and the other ranks read no training text
+at all. The key is known once the last pair is read, so the directory is written under a hidden
+temporary name and renamed to it. When a complete directory of the same tokenizer and lengths is
+there already (the same data copied anew, say), the text is hashed first, without tokenizing,
+and that directory is mapped if the key names it.
 
-A directory is written under a hidden temporary name and renamed into place once its COMPLETE
-marker is on disk, so a crash mid-write leaves nothing that is ever mapped. Exactly one process
-writes: rank 0, or when ranks on several nodes do not share the output directory, local rank 0
-of each node; the others wait for it and map the result.
+So that a restart need not read the text again, a directory also holds one `source-<hash>.json`
+per identity of the data files it was made from (data_identity.py: spec.data and each file's
+size and mtime, with the tokenizer and lengths), with the training split's report;
+`find_prepared` maps the directory such a file names and no rank reads the training text.
+
+A directory is renamed into place only once its COMPLETE marker is on disk, so a crash mid-write
+leaves nothing that is ever mapped. Exactly one process writes: rank 0, or when ranks on several
+nodes do not share the output directory, local rank 0 of each node (their keys must agree); the
+others wait for it and map the result. An error in the writer (a bad file found midway) is sent
+to every rank, which raises it alike.
 """
 
 from __future__ import annotations
@@ -46,14 +54,18 @@ import secrets
 import shutil
 import socket
 import time
-from itertools import chain
+from collections import deque
+from contextlib import ExitStack
+from itertools import chain, islice
 from pathlib import Path
+from typing import Iterable, Iterator
 
 import numpy as np
 
 from rosetta_trainer.token_ids import Encoder
 
-FORMAT_VERSION = 1
+# 2: the key hashes each side's text and lengths apart, so the text can stream once.
+FORMAT_VERSION = 2
 MARKER = "COMPLETE"
 PREPARED_DIR = "prepared"  # under the run's output directory
 # Below this many pairs, starting worker processes costs more than it saves.
@@ -126,18 +138,47 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return h.hexdigest()
 
 
-def corpus_key(sources: list[str], targets: list[str], tokenizer, max_source: int, max_target: int) -> str:
-    """The directory name for these pairs tokenized by `tokenizer` (see the module docstring)."""
-    h = hashlib.blake2b(digest_size=16)
-    h.update(json.dumps({"format": FORMAT_VERSION, "pairs": len(sources), "max_source": max_source,
-                         "max_target": max_target, "tokenizer": tokenizer_fingerprint(tokenizer)}).encode())
-    for texts in (sources, targets):
-        for start in range(0, len(texts), CHUNK_PAIRS):
-            chunk = texts[start:start + CHUNK_PAIRS]
-            # The lengths make the concatenation unambiguous.
-            h.update(np.fromiter(map(len, chunk), dtype=np.int64, count=len(chunk)).tobytes())
-            h.update("".join(chunk).encode("utf-8", "surrogatepass"))
-    return h.hexdigest()
+class TextHash:
+    """The content half of a directory's key, fed the pairs chunk by chunk: each side's texts end
+    to end and their lengths (which make the concatenation unambiguous), so the digest does not
+    depend on how the pairs were cut into chunks."""
+
+    def __init__(self):
+        self.pairs = 0
+        self._parts = [hashlib.blake2b(digest_size=16) for _ in range(4)]
+
+    def update(self, sources: list[str], targets: list[str]) -> None:
+        self.pairs += len(sources)
+        for (lengths, text), texts in zip((self._parts[:2], self._parts[2:]), (sources, targets)):
+            lengths.update(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)).tobytes())
+            text.update("".join(texts).encode("utf-8", "surrogatepass"))
+
+    def key(self, fingerprint: str, max_source: int, max_target: int) -> str:
+        h = hashlib.blake2b(digest_size=16)
+        h.update(json.dumps({"format": FORMAT_VERSION, "pairs": self.pairs, "max_source": max_source,
+                             "max_target": max_target, "tokenizer": fingerprint}).encode())
+        for part in self._parts:
+            h.update(part.digest())
+        return h.hexdigest()
+
+
+def _chunks(pairs: Iterable[tuple[str, str]], size: int,
+            text_hash: TextHash | None = None) -> Iterator[tuple[list[str], list[str]]]:
+    it = iter(pairs)
+    while block := list(islice(it, size)):
+        sources, targets = [s for s, _ in block], [t for _, t in block]
+        if text_hash is not None:
+            text_hash.update(sources, targets)
+        yield sources, targets
+
+
+def corpus_key(pairs: Iterable[tuple[str, str]], tokenizer, max_source: int, max_target: int) -> str:
+    """The directory name for these (source, target) pairs tokenized by `tokenizer` (see the
+    module docstring): one pass over the text, nothing tokenized, nothing held."""
+    text_hash = TextHash()
+    for _ in _chunks(pairs, CHUNK_PAIRS, text_hash):
+        pass
+    return text_hash.key(tokenizer_fingerprint(tokenizer), max_source, max_target)
 
 
 def id_dtype(vocab_size: int) -> np.dtype:
@@ -148,18 +189,20 @@ def is_complete(path: Path) -> bool:
     return (path / MARKER).is_file()
 
 
-# The job the worker processes share: set in the parent before they fork, so neither the
-# tokenizer nor the text is pickled to them, and each gets back only compact arrays.
+# What the worker processes share: set in the parent before they fork, so the tokenizer is not
+# pickled to them; each receives a chunk of text and returns compact arrays.
 _JOB: tuple | None = None
 
-
-def _encode_range(bounds: tuple[int, int]):
-    encoder, sources, targets, dtype = _JOB
-    start, end = bounds
-    return _flatten(encoder.sources(sources[start:end]), dtype), _flatten(encoder.targets(targets[start:end]), dtype)
+Flat = tuple[np.ndarray, np.ndarray]  # ids end to end, and each sequence's length
 
 
-def _flatten(seqs: list[list[int]], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+def _encode_chunk(chunk: tuple[list[str], list[str]]) -> tuple[Flat, Flat]:
+    encoder, dtype = _JOB
+    sources, targets = chunk
+    return _flatten(encoder.sources(sources), dtype), _flatten(encoder.targets(targets), dtype)
+
+
+def _flatten(seqs: list[list[int]], dtype: np.dtype) -> Flat:
     lengths = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
     flat = np.fromiter(chain.from_iterable(seqs), dtype=np.int64, count=int(lengths.sum()))
     if flat.size and (flat.min() < 0 or flat.max() >= np.iinfo(dtype).max + 1):
@@ -171,68 +214,107 @@ def default_workers() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def tokenize(tokenizer, sources: list[str], targets: list[str], max_source: int, max_target: int, *,
-             workers: int | None = None, chunk: int = CHUNK_PAIRS):
-    """((source ids, source lengths), (target ids, target lengths)): the ids `batching.encode`
-    gives, flat, tokenized in `chunk`-pair pieces by `workers` processes (default: every core,
-    or this process alone for a corpus under PARALLEL_MIN_PAIRS)."""
+def tokenize(tokenizer, pairs: Iterable[tuple[str, str]], max_source: int, max_target: int, *,
+             workers: int | None = None, chunk: int = CHUNK_PAIRS,
+             text_hash: TextHash | None = None) -> Iterator[tuple[Flat, Flat]]:
+    """The ids `batching.encode` gives, chunk by chunk in the pairs' order: (source ids and
+    lengths, target ids and lengths) per `chunk` pairs, tokenized by `workers` processes (default:
+    every core, or this process alone for fewer than PARALLEL_MIN_PAIRS pairs). The pairs are read
+    as a stream, a few chunks ahead of the workers, so memory does not grow with the corpus."""
     global _JOB
-    dtype = id_dtype(len(tokenizer))
-    bounds = [(start, min(start + chunk, len(sources))) for start in range(0, len(sources), chunk)]
+    chunks = _chunks(pairs, chunk, text_hash)
+    ahead: list[tuple[list[str], list[str]]] = []
+    for piece in chunks:  # enough to build the encoder and to tell a small corpus
+        ahead.append(piece)
+        if sum(len(s) for s, _ in ahead) >= PARALLEL_MIN_PAIRS:
+            break
+    if not ahead:
+        return
     if workers is None:
-        workers = 1 if len(sources) < PARALLEL_MIN_PAIRS else default_workers()
-    workers = min(workers, len(bounds))
-    _JOB = (Encoder(tokenizer, max_source, max_target, (sources, targets)), sources, targets, dtype)
+        workers = default_workers() if sum(len(s) for s, _ in ahead) >= PARALLEL_MIN_PAIRS else 1
+    first = ahead[0]
+    _JOB = (Encoder(tokenizer, max_source, max_target, first), id_dtype(len(tokenizer)))
     try:
         if workers <= 1:
-            parts = [_encode_range(b) for b in bounds]
-        else:
-            # The workers inherit the text as millions of objects. Frozen, the workers' collector
-            # never walks them, and so never touches (and copies) the parent's pages: 1.4x faster
-            # at 4M pairs (docs/benchmarks.md).
-            gc.freeze()
-            try:
-                with multiprocessing.get_context("fork").Pool(workers) as pool:
-                    parts = pool.map(_encode_range, bounds, chunksize=1)
-            finally:
-                gc.unfreeze()
+            for piece in chain(ahead, chunks):
+                yield _encode_chunk(piece)
+            return
+        # Frozen, the parent's objects are never walked (and so never copied) by the workers'
+        # collector: 1.4x faster at 4M pairs when the text was inherited (docs/benchmarks.md).
+        gc.freeze()
+        try:
+            with multiprocessing.get_context("fork").Pool(workers) as pool:
+                pending: deque = deque()
+                for piece in chain(ahead, chunks):
+                    pending.append(pool.apply_async(_encode_chunk, (piece,)))
+                    if len(pending) >= 2 * workers:  # the reading stays this far ahead, no further
+                        yield pending.popleft().get()
+                while pending:
+                    yield pending.popleft().get()
+        finally:
+            gc.unfreeze()
     finally:
         _JOB = None
-    out = []
-    for side in range(2):
-        ids = [p[side][0] for p in parts]
-        lengths = [p[side][1] for p in parts]
-        out.append((np.concatenate(ids) if ids else np.zeros(0, dtype),
-                    np.concatenate(lengths) if lengths else np.zeros(0, np.int64)))
-    return tuple(out)
 
 
-def write(directory: Path, tokenizer, sources: list[str], targets: list[str], max_source: int,
-          max_target: int, *, key: str, workers: int | None = None) -> Path:
-    """Tokenize and write one prepared directory, atomically; returns `directory`."""
+def _npy_header(fh, dtype: np.dtype, n: int) -> None:
+    """A version 1.0 .npy header for n items of `dtype`; always HEADER_BYTES long, so the ids can
+    be streamed after a placeholder and the real count written over it at the end."""
+    np.lib.format.write_array_header_1_0(
+        fh, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (n,)})
+    if fh.tell() != HEADER_BYTES:
+        raise AssertionError(f"unexpected .npy header size {fh.tell()}")
+
+
+HEADER_BYTES = 128
+
+
+def write(root: Path, tokenizer, pairs: Iterable[tuple[str, str]], max_source: int, max_target: int, *,
+          workers: int | None = None, chunk: int = CHUNK_PAIRS) -> Path:
+    """Tokenize the pairs as they stream and write one prepared directory under `root`,
+    atomically; returns it (`root/<key>`). Memory holds a few chunks of text, never the corpus."""
     started = time.monotonic()
-    encoded = tokenize(tokenizer, sources, targets, max_source, max_target, workers=workers)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = directory.parent / f".tmp-{directory.name}-{secrets.token_hex(4)}"
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".tmp-{secrets.token_hex(6)}"
     tmp.mkdir()
+    dtype = id_dtype(len(tokenizer))
     try:
-        tokens = {}
-        for side, (ids, lengths) in zip(SIDES, encoded):
-            offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-            np.cumsum(lengths, out=offsets[1:])
-            np.save(tmp / f"{side}_ids.npy", ids)
+        text_hash = TextHash()
+        lengths: dict[str, list[np.ndarray]] = {side: [] for side in SIDES}
+        with ExitStack() as files:
+            ids_files = {side: files.enter_context(open(tmp / f"{side}_ids.npy", "wb")) for side in SIDES}
+            for fh in ids_files.values():
+                _npy_header(fh, dtype, 0)
+            for encoded in tokenize(tokenizer, pairs, max_source, max_target, workers=workers, chunk=chunk,
+                                    text_hash=text_hash):
+                for side, (ids, side_lengths) in zip(SIDES, encoded):
+                    ids_files[side].write(ids.tobytes())
+                    lengths[side].append(side_lengths)
+            tokens = {}
+            for side, fh in ids_files.items():
+                tokens[side] = (fh.tell() - HEADER_BYTES) // dtype.itemsize
+                fh.seek(0)
+                _npy_header(fh, dtype, tokens[side])
+        if not text_hash.pairs:
+            raise ValueError("no training pairs to prepare")
+        for side in SIDES:
+            offsets = np.zeros(text_hash.pairs + 1, dtype=np.int64)
+            np.cumsum(np.concatenate(lengths[side]), out=offsets[1:])
+            lengths[side] = []
             np.save(tmp / f"{side}_offsets.npy", offsets)
-            tokens[side] = int(offsets[-1])
-        meta = {"format": FORMAT_VERSION, "key": key, "pairs": len(sources), "tokens": tokens,
-                "dtype": str(encoded[0][0].dtype), "vocab_size": len(tokenizer),
-                "max_source_length": max_source, "max_target_length": max_target,
-                "tokenizer": tokenizer_fingerprint(tokenizer), "seconds": round(time.monotonic() - started, 3)}
+        fingerprint = tokenizer_fingerprint(tokenizer)
+        key = text_hash.key(fingerprint, max_source, max_target)
+        directory = root / key
+        meta = {"format": FORMAT_VERSION, "key": key, "pairs": text_hash.pairs, "tokens": tokens,
+                "dtype": str(dtype), "vocab_size": len(tokenizer), "max_source_length": max_source,
+                "max_target_length": max_target, "tokenizer": fingerprint,
+                "seconds": round(time.monotonic() - started, 3)}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
         _fsync_tree(tmp)
         (tmp / MARKER).write_text("")
         _fsync_tree(tmp)
         if directory.exists() and not is_complete(directory):  # left by a crash or a half copy
-            stale = directory.parent / f".stale-{directory.name}-{secrets.token_hex(4)}"
+            stale = root / f".stale-{directory.name}-{secrets.token_hex(4)}"
             directory.rename(stale)
             shutil.rmtree(stale, ignore_errors=True)
         try:
@@ -361,44 +443,78 @@ def find_prepared(root: Path, identity: str | None, tokenizer, max_source: int, 
     return corpus, report
 
 
-def prepare_corpus(root: Path, tokenizer, sources: list[str], targets: list[str], max_source: int,
-                   max_target: int, world, *, workers: int | None = None, identity: str | None = None,
-                   train_report: dict | None = None) -> ShardedCorpus:
-    """Collective: the prepared directory for these pairs under `root`, written by one process
-    when it is missing, then mapped by every rank. With `identity` (data_identity.py) the writer
-    also records it, so that `find_prepared` finds the directory without the text next time."""
-    from rosetta_trainer.distributed import all_gather_objects, broadcast_object
+def _holds_prepared(root: Path, fingerprint: str, max_source: int, max_target: int) -> bool:
+    """Whether `root` has a complete directory of this tokenizer and these lengths, which the
+    text, once hashed, might name."""
+    for meta_file in Path(root).glob("*/meta.json"):
+        try:
+            meta = json.loads(meta_file.read_text())
+        except (OSError, ValueError):
+            continue
+        if (is_complete(meta_file.parent) and meta.get("format") == FORMAT_VERSION
+                and meta.get("tokenizer") == fingerprint and meta.get("max_source_length") == max_source
+                and meta.get("max_target_length") == max_target):
+            return True
+    return False
+
+
+def _prepare_here(root: Path, tokenizer, pairs, max_source: int, max_target: int,
+                  workers: int | None) -> tuple[str, bool]:
+    """(key, whether it was written): the directory these pairs name, written unless it is there.
+    When it might be (same tokenizer and lengths, other text or the same), the text is hashed
+    first, a pass that reads without tokenizing; else it is hashed while it is tokenized."""
+    if _holds_prepared(root, tokenizer_fingerprint(tokenizer), max_source, max_target):
+        key = corpus_key(pairs, tokenizer, max_source, max_target)
+        if is_complete(root / key):
+            return key, False
+    key = write(root, tokenizer, pairs, max_source, max_target, workers=workers).name
+    prune(root, keep=key)
+    return key, True
+
+
+def prepare_corpus(root: Path, tokenizer, pairs: Iterable[tuple[str, str]], max_source: int, max_target: int,
+                   world, *, workers: int | None = None,
+                   identity: str | None = None) -> tuple[ShardedCorpus, dict | None]:
+    """Collective: the prepared directory for these (source, target) pairs under `root`, written
+    by one process when it is missing, then mapped by every rank; with the training split's
+    report.
+
+    Only the writing process iterates `pairs` (a list, or data_checks.TrainingPairs, which reads
+    and checks the files as it goes; it may be iterated twice): the other ranks read no training
+    text. When `pairs` has `report()`, rank 0's is returned to every rank and, with `identity`
+    (data_identity.py), recorded so that `find_prepared` finds the directory without the text."""
+    from rosetta_trainer.distributed import all_gather_objects, failure, raise_failures
 
     started = time.monotonic()
-    key = broadcast_object(world, corpus_key(sources, targets, tokenizer, max_source, max_target)
-                           if world.is_main else None)
-    directory = Path(root) / key
-    shared = not world.spans_nodes or _shared_between_nodes(Path(root), world)
-    writer = world.is_main if shared else world.local_rank == 0
-    wrote, error = False, None
-    if writer:
+    root = Path(root)
+    shared = not world.spans_nodes or _shared_between_nodes(root, world)
+    outcome = None
+    if world.is_main if shared else world.local_rank == 0:
         try:
-            if not is_complete(directory):
-                write(directory, tokenizer, sources, targets, max_source, max_target, key=key, workers=workers)
-                wrote = True
-                prune(Path(root), keep=key)
+            key, wrote = _prepare_here(root, tokenizer, pairs, max_source, max_target, workers)
+            report = pairs.report() if hasattr(pairs, "report") else None
             if identity:
-                _record_identity(directory, _identity_file(identity, tokenizer, max_source, max_target),
-                                 train_report)
+                _record_identity(root / key, _identity_file(identity, tokenizer, max_source, max_target), report)
+            outcome = {"key": key, "wrote": wrote, "report": report}
         except Exception as exc:  # every rank must hear of it, not wait for a directory forever
-            error = f"rank {world.rank} could not write {directory}: {type(exc).__name__}: {exc}"
             if not world.distributed:
                 raise
-    errors = [e for e in all_gather_objects(world, error) if e]  # also the wait for the writer
-    if errors:
-        raise RuntimeError("; ".join(errors))
-    corpus = ShardedCorpus(directory)
+            outcome = {"failure": failure(exc, world.rank, f"write {root}")}
+    outcomes = all_gather_objects(world, outcome)  # also every rank's wait for the writers
+    raise_failures([o["failure"] for o in outcomes if o and "failure" in o])
+    keys = sorted({o["key"] for o in outcomes if o})
+    if len(keys) > 1:  # each node read its own copy of the files, and the copies differ
+        raise RuntimeError(f"the nodes' training data differ: their prepared directories under {root} are "
+                           f"{', '.join(keys)}; give every node the same files")
+    first = outcomes[0]  # rank 0 always writes
+    corpus = ShardedCorpus(root / keys[0])
     meta = corpus.meta
+    wrote = bool(outcome and outcome["wrote"])  # by this process
     log.info("training data: %s %d pairs (%d source + %d target tokens, %s) %s %s in %.1fs",
-             "tokenized and wrote" if wrote else "mapped prepared", meta["pairs"], meta["tokens"]["source"],
-             meta["tokens"]["target"], meta["dtype"], "to" if wrote else "from", directory,
-             time.monotonic() - started)
-    return corpus
+             "tokenized and wrote" if wrote else "mapped prepared", meta["pairs"],
+             meta["tokens"]["source"], meta["tokens"]["target"], meta["dtype"],
+             "to" if wrote else "from", corpus.path, time.monotonic() - started)
+    return corpus, first["report"]
 
 
 def prepare_command(args) -> int:
@@ -407,10 +523,9 @@ def prepare_command(args) -> int:
     from rosetta_contract.spec import load_for_trainer
     from rosetta_trainer import checkpoint as ckpt
     from rosetta_trainer.__main__ import _prepare_tokenizer
-    from rosetta_trainer.data_checks import describe, read_checked
+    from rosetta_trainer.data_checks import SplitReport, describe, read_checked
     from rosetta_trainer.data_identity import data_identity
     from rosetta_trainer.distributed import init_world
-    from rosetta_trainer.evaluate import model_inputs
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -421,19 +536,18 @@ def prepare_command(args) -> int:
     world = init_world("cpu")
     ckpt_root = Path(spec.checkpoint.dir) if spec.checkpoint.dir else Path("checkpoints")
     ckpt_root = ckpt_root if ckpt_root.is_absolute() else output / ckpt_root
-    data = read_checked(spec.data)
-    log.info("data: %s", describe(data))
-    if not data.train:
-        raise ValueError("spec.data.train: no training examples")
     d = spec.data
-    sources = model_inputs(data.train, d.source_lang, spec.uses_task_prefix())
-    targets = [e.target for e in data.train]
-    train_report = data.reports["train"].as_dict("train")
-    del data
-    tokenizer = _prepare_tokenizer(spec, sources, targets, output, world, ckpt.latest_checkpoint(ckpt_root))
-    corpus = prepare_corpus(output / PREPARED_DIR, tokenizer, sources, targets, d.max_source_length,
-                            d.max_target_length, world, workers=args.workers,
-                            identity=data_identity(d, use_prefix=spec.uses_task_prefix()), train_report=train_report)
+    if not d.train:
+        raise ValueError("spec.data.train: no training examples")
+    data = read_checked(d, read_train=False)
+    use_prefix = spec.uses_task_prefix()
+    text = data.training_text.pairs(use_prefix)
+    tokenizer = _prepare_tokenizer(spec, text, output, world, ckpt.latest_checkpoint(ckpt_root))
+    corpus, report = prepare_corpus(output / PREPARED_DIR, tokenizer, text, d.max_source_length,
+                                    d.max_target_length, world, workers=args.workers,
+                                    identity=data_identity(d, use_prefix=use_prefix))
+    data.reports["train"] = SplitReport.from_dict(report)
+    log.info("data: %s", describe(data))
     meta = corpus.meta
     print(f"prepared: {corpus.path}\npairs: {meta['pairs']}   source tokens: {meta['tokens']['source']}   "
           f"target tokens: {meta['tokens']['target']}   ids: {meta['dtype']}", flush=True)

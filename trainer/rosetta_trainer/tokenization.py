@@ -29,19 +29,27 @@ PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 _SUBSAMPLE_SEED = 0
 
 
-def _subsample(items: list, k: int | None) -> list:
-    """At most k items, chosen with a fixed seed and kept in their original order."""
-    if k is None or len(items) <= k:
-        return items
-    keep = sorted(random.Random(_SUBSAMPLE_SEED).sample(range(len(items)), k))
-    return [items[i] for i in keep]
+def _subsample(items: Iterable, k: int | None) -> list:
+    """At most k items, a uniform sample with a fixed seed, kept in their original order. Read as
+    a stream (reservoir sampling): with k set, k items are held, never the whole corpus."""
+    if k is None:
+        return list(items)
+    rng = random.Random(_SUBSAMPLE_SEED)
+    reservoir: list[tuple[int, object]] = []
+    for i, item in enumerate(items):
+        if i < k:
+            reservoir.append((i, item))
+        else:
+            j = rng.randrange(i + 1)
+            if j < k:
+                reservoir[j] = (i, item)
+    reservoir.sort(key=lambda entry: entry[0])
+    return [item for _, item in reservoir]
 
 
 def _sentences(texts: Iterable[str | tuple[str, str]], max_sentences: int | None) -> list[str]:
-    items = list(texts)
-    items = _subsample(items, max_sentences)
     out: list[str] = []
-    for item in items:
+    for item in _subsample(texts, max_sentences):
         if isinstance(item, str):
             out.append(item)
         else:
