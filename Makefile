@@ -8,7 +8,7 @@ TORCH  ?= torch==2.13.0
 CONSTRAINTS := constraints.txt
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint typecheck bench bench-operator clean
+.PHONY: install demo test test-fast lint typecheck generate verify bench bench-operator clean
 
 install: $(STAMP)
 
@@ -37,6 +37,20 @@ lint: install
 # mypy with pydantic's plugin over the contract package that both sides build on.
 typecheck: install
 	$(VENV)/bin/mypy -p rosetta_contract -p rosetta_operator -p rosetta_cli
+
+# Files generated from the code: the CRD (from the spec models) and its copy in the chart, the
+# chart's values schema, the raw operator manifest (the chart rendered by Helm's engine). Run it
+# after changing the spec or the chart; `make verify` fails when a commit left one of them stale.
+GENERATED := manifests/crd.yaml charts/rosetta/files/crd.yaml charts/rosetta/values.schema.json manifests/operator.yaml
+
+generate: install
+	$(VENV)/bin/rosetta crd > manifests/crd.yaml
+	cp manifests/crd.yaml charts/rosetta/files/crd.yaml
+	$(PY) charts/values_schema.py > charts/rosetta/values.schema.json
+	$(PY) tests/support/chart.py > manifests/operator.yaml
+
+verify: generate
+	@git diff --exit-code --stat -- $(GENERATED) || { echo "generated files were stale: commit what make generate wrote"; exit 1; }
 
 # Rosetta against Hugging Face's Seq2SeqTrainer (docs/benchmarks.md); BENCH_ARGS="--steps 600 ..."
 BENCH_STAMP := $(VENV)/.installed-bench

@@ -39,7 +39,7 @@ from transformers import (  # noqa: E402
     TrainerCallback,
 )
 
-from rosetta_contract.config import load_document  # noqa: E402
+from rosetta_contract.documents import load_document
 from rosetta_trainer.data_checks import read_checked  # noqa: E402
 from rosetta_trainer.distributed import World, pick_device  # noqa: E402
 from rosetta_trainer.evaluate import evaluate_examples, model_inputs  # noqa: E402

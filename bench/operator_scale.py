@@ -101,7 +101,7 @@ def training_body(name: str, namespace: str, template: dict) -> dict:
 
 
 def load_template(path: Path, nodes: int, metrics_port: int) -> dict:
-    from rosetta_contract.config import read_yaml
+    from rosetta_contract.documents import read_yaml
 
     doc = read_yaml(path)  # the TranslationTraining, also from a file that ships its PVC beside it
     doc["spec"]["nodes"] = nodes

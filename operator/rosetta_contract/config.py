@@ -10,13 +10,11 @@ silently ignored setting.
 
 from __future__ import annotations
 
-import copy
-import datetime
 import math
 import re
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, get_args, get_origin
+from typing import Annotated, Literal, Optional
 
 from pydantic import (
     AfterValidator,
@@ -26,25 +24,13 @@ from pydantic import (
     Field,
     PrivateAttr,
     StringConstraints,
-    ValidationError,
-    ValidationInfo,
     WithJsonSchema,
     field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
 
-from rosetta_contract import strict_yaml
-from rosetta_contract.resource import KIND
-
-# Names used in T5-style task prefixes ("translate English to German: ").
-LANGUAGE_NAMES = {
-    "ar": "Arabic", "cs": "Czech", "de": "German", "en": "English", "es": "Spanish",
-    "fi": "Finnish", "fr": "French", "hi": "Hindi", "it": "Italian", "ja": "Japanese",
-    "ko": "Korean", "nl": "Dutch", "pl": "Polish", "pt": "Portuguese", "ro": "Romanian",
-    "ru": "Russian", "sv": "Swedish", "tr": "Turkish", "uk": "Ukrainian", "zh": "Chinese",
-}
-
+from rosetta_contract.strict_model import NAME_MAX, PATH_MAX, IntOrString, JsonObject, Model, clip
 
 Task = Literal["translation", "summarization"]
 DEFAULT_METRICS = {"translation": ["bleu", "chrf", "gender"], "summarization": ["rouge1", "rouge2", "rougeL"]}
@@ -64,181 +50,6 @@ def _current_task() -> str | None:
     return task if isinstance(task, str) and task in DEFAULT_METRICS else None
 
 
-class ConfigError(ValueError):
-    """An invalid document. `errors` lists (field path, message) for every problem.
-
-    One problem is one line (`invalid TranslationTraining in f.yaml: spec.task: ...`; a document
-    that could not be read names the line: `... in f.yaml: line 3, column 1: duplicate key 'spec'`);
-    several are listed under a header. A message is cut at MAX_MESSAGE characters, so a value
-    quoted from a megabyte-long field does not come back whole."""
-
-    MAX_MESSAGE = 1000
-
-    def __init__(self, errors: list[tuple[str, str]], source: str | None = None):
-        self.errors = [(_clip(path, 200), _clip(message, self.MAX_MESSAGE)) for path, message in errors]
-        self.source = source
-        where = f" in {source}" if source else ""
-        if len(self.errors) == 1:
-            path, message = self.errors[0]
-            # "(file)", "(yaml)": the document was not read; its message says where.
-            text = message if path in ("(file)", "(yaml)") else f"{path}: {message}"
-            super().__init__(f"invalid TranslationTraining{where}: {text}")
-            return
-        lines = [f"invalid TranslationTraining{where} ({len(self.errors)} error{'s' * (len(self.errors) != 1)}):"]
-        lines += [f"  {path}: {message}" for path, message in self.errors]
-        super().__init__("\n".join(lines))
-
-
-def _clip(text: str, limit: int) -> str:
-    # Control characters (an ESC sequence in a spec value) are shown escaped, never sent to a terminal.
-    text = _CONTROL.sub(lambda m: repr(m.group())[1:-1], " ".join(str(text).splitlines()))
-    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
-
-
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-
-
-# Longest path or model id a spec may name (Linux's PATH_MAX), and longest column/split/region
-# name: a megabyte-long "path" is a field error, not a megabyte in every message and pod config.
-PATH_MAX = 4096
-NAME_MAX = 253
-
-
-def json_object(value: dict) -> dict:
-    """Free-form fields that are copied into JSON (deepspeedConfig, a pod's affinity) hold only what
-    JSON can: YAML reads `2024-01-01` as a date, `!!binary` as bytes, `!!set` as a set, `.nan` as
-    NaN, none of which json.dumps (or the apiserver) takes. The error names the key inside."""
-    stack: list[tuple[Any, str]] = [(value, "")]
-    while stack:
-        item, where = stack.pop()
-        if isinstance(item, dict):
-            for key, sub in item.items():
-                shown = _clip(key, 60)
-                if not isinstance(key, str):
-                    raise ValueError(f"{where or '(top)'}: key {shown} is a {_yaml_kind(key)}, not a string; quote it")
-                stack.append((sub, f"{where}.{shown}" if where else shown))
-        elif isinstance(item, list):
-            stack.extend((sub, f"{where}[{i}]") for i, sub in enumerate(item))
-        elif isinstance(item, float) and not math.isfinite(item):
-            raise ValueError(f"{where}: {item} is not a JSON number")
-        elif item is not None and not isinstance(item, (str, int, float)):
-            raise ValueError(f"{where}: a YAML {_yaml_kind(item)} ({_clip(item, 40)}) is not a JSON value; "
-                             "quote it to pass it as a string")
-    return value
-
-
-def _yaml_kind(value: Any) -> str:
-    if isinstance(value, datetime.datetime):
-        return "timestamp"
-    if isinstance(value, datetime.date):
-        return "date"
-    return {bytes: "binary", set: "set", bool: "boolean", int: "number", float: "number",
-            tuple: "sequence"}.get(type(value), type(value).__name__)
-
-
-JsonObject = Annotated[dict[str, Any], AfterValidator(json_object)]
-
-
-class IntOrString:
-    """Marks a string field that also takes a whole number, as Kubernetes' int-or-string does
-    (resource quantities): `cpu: 8` is fine, `cpu: 0.5` is not (the apiserver refuses it)."""
-
-
-INT64 = (1 << 63) - 1
-
-
-def _scalar_kinds(annotation: Any) -> set[str]:
-    """The JSON scalar kinds a field's type takes: bool, int, float, str; "any" for free-form
-    types (Any, mappings, models), which have their own checks."""
-    origin, args = get_origin(annotation), get_args(annotation)
-    if annotation is type(None):
-        return set()
-    if origin is Annotated:
-        kinds = _scalar_kinds(args[0])
-        return kinds | {"int"} if any(isinstance(m, IntOrString) for m in args[1:]) else kinds
-    if origin is Literal:
-        return {type(a).__name__ for a in args}
-    if origin in (list, tuple, set, frozenset):
-        return {"list"}
-    if args:  # Union / Optional
-        return set().union(*(_scalar_kinds(a) for a in args))
-    if annotation in (bool, int, str):
-        return {annotation.__name__}
-    if annotation is float:
-        return {"float", "int"}
-    return {"any"}
-
-
-def _json_kind(value: Any) -> str:
-    if isinstance(value, bool):
-        return "bool"
-    return {int: "int", float: "float", str: "str"}.get(type(value), "other")
-
-
-_SHOWN = {"bool": "true or false", "int": "an integer", "float": "a number", "str": "a string",
-          "list": "a list", "other": "a value of another type"}
-
-
-def _type_problem(value: Any, annotation: Any, int_or_string: bool = False) -> str | None:
-    """Why a scalar is not what the field takes, as the apiserver would judge it (pydantic's lax
-    mode reads `nodes: true` as 1, `nodes: "4"` as 4 and `suspend: 1` as true; the CRD does not)."""
-    kind = _json_kind(value)
-    if kind == "int" and abs(value) > INT64:
-        return "an integer this large does not fit in 64 bits"
-    kinds = _scalar_kinds(annotation) | ({"int"} if int_or_string else set())
-    if kind == "float" and value.is_integer() and "int" in kinds:
-        return None  # 1e3 is 1000 to the apiserver too (a whole JSON number is an integer)
-    if kind == "other" or "any" in kinds or kind in kinds or not kinds & set(_SHOWN):
-        return None
-    expected = " or ".join(_SHOWN[k] for k in ("bool", "int", "float", "str", "list") if k in kinds
-                           and not (k == "int" and "float" in kinds))
-    if kind == "float" and "str" in kinds and "int" in kinds:
-        return f"expected a whole number or a string, not {value!r}; quote it (e.g. '{value}') or use milli-units"
-    shown = str(value).lower() if kind == "bool" else _SHOWN[kind] + (f" ({_clip(repr(value), 40)})" if kind == "str" else "")
-    return f"expected {expected}, not {shown}"
-
-
-class Model(BaseModel):
-    # No NaN or infinity: `epochs: .inf` or `weightDecay: .nan` would pass every bound check.
-    # populate_by_name lets Python code say max_steps=...; documents are read by alias only
-    # (parse_document's by_name=False), so `max_steps:` in YAML is an unknown field as on the cluster.
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=False, allow_inf_nan=False
-    )
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _json_types(cls, value: Any, info: ValidationInfo) -> Any:
-        assert info.field_name is not None  # a field validator is always called for one field
-        field = cls.model_fields[info.field_name]
-        annotation = field.annotation  # pydantic keeps a field's own Annotated[...] markers in .metadata
-        problem = _type_problem(value, annotation, any(isinstance(m, IntOrString) for m in field.metadata))
-        if problem is None and isinstance(value, (list, tuple)):
-            items = [a for a in get_args(_unwrap(annotation)) if a is not Ellipsis]
-            if items and get_origin(_unwrap(annotation)) in (list, tuple):
-                for i, item in enumerate(value):
-                    item_problem = _type_problem(item, items[min(i, len(items) - 1)])
-                    if item_problem:
-                        # "name[i]: ..." is moved into the field path (spec._errors)
-                        problem = f"{field.alias or info.field_name}[{i}]: {item_problem}"
-                        break
-        if problem:
-            raise ValueError(problem)
-        return value
-
-
-def _unwrap(annotation: Any) -> Any:
-    """Optional[X] and Annotated[X, ...] -> X."""
-    while True:
-        origin, args = get_origin(annotation), get_args(annotation)
-        if origin is Annotated:
-            annotation = args[0]
-        elif args and type(None) in args and len(args) == 2:
-            annotation = next(a for a in args if a is not type(None))
-        else:
-            return annotation
-
-
 # ------------------------------------------------------------------------- staging
 
 _S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
@@ -251,9 +62,9 @@ _HF_REPO = re.compile(r"^(datasets/)?([A-Za-z0-9][A-Za-z0-9._-]{0,95}/)?[A-Za-z0
 def _bucket_problem(value: str) -> Optional[str]:
     bucket = value[len("s3://"):].split("/", 1)[0]
     if not bucket:
-        return f"'{_clip(value, 80)}' names no bucket (s3://bucket/prefix)"
+        return f"'{clip(value, 80)}' names no bucket (s3://bucket/prefix)"
     if not _S3_BUCKET.match(bucket) or ".." in bucket:
-        return (f"bucket '{_clip(bucket, 80)}' is not a valid S3 bucket name "
+        return (f"bucket '{clip(bucket, 80)}' is not a valid S3 bucket name "
                 "(3-63 characters: a-z, 0-9, '.', '-', starting and ending with a letter or digit)")
     return None
 
@@ -302,16 +113,16 @@ class StagingSpec(Model):
             return value
         if value.startswith("hf://"):
             if not _HF_REPO.match(value[len("hf://"):]) or ".." in value:
-                raise ValueError(f"'{_clip(value, 80)}' is not a hub repository (hf://org/name[@revision] or "
+                raise ValueError(f"'{clip(value, 80)}' is not a hub repository (hf://org/name[@revision] or "
                                  "hf://datasets/org/name[@revision])")
             return value
-        raise ValueError(f"'{_clip(value, 80)}' must start with s3:// or hf://")
+        raise ValueError(f"'{clip(value, 80)}' must start with s3:// or hf://")
 
     @field_validator("path")
     @classmethod
     def _absolute(cls, value: Optional[str]) -> Optional[str]:
         if value is not None and (not value.startswith("/") or ".." in Path(value).parts or value.rstrip("/") == ""):
-            raise ValueError(f"'{_clip(value, 80)}' must be an absolute directory below / (no '..')")
+            raise ValueError(f"'{clip(value, 80)}' must be an absolute directory below / (no '..')")
         return value
 
     _endpoint = field_validator("endpoint_url")(classmethod(lambda cls, value: _http_url(value)))
@@ -432,7 +243,7 @@ LANGUAGE_CODE = r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{1,8})*$"
 
 def _language_code(value: str) -> str:
     if not re.match(LANGUAGE_CODE, value):
-        raise ValueError(f"'{_clip(value, 40)}' is not a language code (BCP 47 style: en, de, pt-BR, zh-Hans)")
+        raise ValueError(f"'{clip(value, 40)}' is not a language code (BCP 47 style: en, de, pt-BR, zh-Hans)")
     return value
 
 
@@ -1049,117 +860,3 @@ class TrainingDocument(BaseModel):
     spec: TrainerSpec
 
 
-def task_prefix(source_lang: str, target_lang: str, task: str = "translation") -> str:
-    """The T5-style prefix for one example: "translate English to German: ", "summarize: "."""
-    src = LANGUAGE_NAMES.get(source_lang, source_lang)
-    tgt = LANGUAGE_NAMES.get(target_lang, target_lang)
-    if task == "summarization":
-        # T5's own prefix, so pretrained T5 checkpoints start from what they were trained on;
-        # cross-lingual summaries (no T5 prefix exists) name the summary's language.
-        return "summarize: " if target_lang == source_lang else f"summarize in {tgt}: "
-    return f"translate {src} to {tgt}: "
-
-
-def format_errors(exc: ValidationError, prefix: str = "") -> list[tuple[str, str]]:
-    """pydantic errors as (dotted field path, message), list indices in brackets."""
-    out = []
-    for err in exc.errors():
-        parts: list[str] = []
-        for loc in err["loc"]:
-            if isinstance(loc, int):
-                parts[-1:] = [f"{parts[-1]}[{loc}]"] if parts else [f"[{loc}]"]
-            else:
-                parts.append(str(loc))
-        path = ".".join(p for p in parts if p)
-        if prefix:
-            path = f"{prefix}.{path}" if path else prefix
-        message = err["msg"].removeprefix("Value error, ")
-        out.append((path or "(document)", message))
-    return out
-
-
-def deep_merge(base: dict, overrides: dict) -> dict:
-    """`overrides` merged into a copy of `base`: mappings key by key, anything else replaced
-    (Helm's values semantics; also how deepspeedConfig goes over the generated config)."""
-    out = copy.deepcopy(base)
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
-def apply_overrides(raw: dict, overrides: list[str], source: str | None = None) -> dict:
-    """Apply `a.b.c=value` overrides (value parsed as YAML) to a raw document (read from `source`)."""
-    raw = copy.deepcopy(raw)
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError([(item, "override must look like 'spec.training.maxSteps=100'")], source)
-        node = raw
-        parts = key.split(".")
-        if not isinstance(node, dict):
-            raise ConfigError([("(document)", "expected a YAML mapping with apiVersion, kind and spec")], source)
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError([(key, f"'{part}' is not a mapping")], source)
-        try:
-            node[parts[-1]] = strict_yaml.load(value)
-        except strict_yaml.YamlError as exc:
-            raise ConfigError([(key, f"the value is not valid YAML: {exc}")], source) from None
-    return raw
-
-
-def parse_document(raw: Any, source: str | None = None, model: type[BaseModel] = TrainingDocument):
-    """Validate a raw document. With the default model, cluster-only spec keys are ignored."""
-    if not isinstance(raw, dict):
-        raise ConfigError([("(document)", "expected a YAML mapping with apiVersion, kind and spec")], source)
-    if model is TrainingDocument and isinstance(raw.get("spec"), dict):
-        # The trainer ignores exactly the fields the cluster's spec adds to TrainerSpec, so a typo
-        # anywhere else is still an error. Imported here: spec.py builds on this module.
-        from rosetta_contract.spec import CLUSTER_FIELDS
-
-        raw = {**raw, "spec": {k: v for k, v in raw["spec"].items() if k not in CLUSTER_FIELDS}}
-    try:
-        return model.model_validate(raw, by_name=False)  # camelCase only, as in the CRD
-    except ValidationError as exc:
-        raise ConfigError(format_errors(exc), source) from None
-
-
-def read_yaml(path: str | Path) -> dict:
-    """The TranslationTraining of a YAML file: its only document, or, in a file that `kubectl apply`
-    takes as a whole (e.g. a PersistentVolumeClaim, then the training), the one of kind
-    TranslationTraining; documents of other kinds are ignored.
-
-    Read with strict_yaml: at most 1 MiB of UTF-8, no duplicate keys, bounded aliases and nesting.
-    Every failure is a ConfigError with one line naming where ("(yaml): line 3, column 1: ...")."""
-    path = Path(path)
-    try:
-        docs = [d for d in strict_yaml.load_all(strict_yaml.read_text(path)) if d is not None]
-    except FileNotFoundError:
-        raise ConfigError([("(file)", f"{path} does not exist")], str(path)) from None
-    except strict_yaml.YamlError as exc:
-        raise ConfigError([("(yaml)", str(exc))], str(path)) from None
-    return pick_training(docs, str(path))
-
-
-def pick_training(docs: list, source: str | None = None):
-    """The TranslationTraining among the documents of one file (see read_yaml)."""
-    if len(docs) == 1:
-        return docs[0]  # validation says what is wrong with it, kind included
-    trainings = [d for d in docs if isinstance(d, dict) and d.get("kind") == KIND]
-    if len(trainings) != 1:
-        kinds = ", ".join(_clip(d.get("kind") or "no kind", 60) if isinstance(d, dict) else "not a mapping"
-                          for d in docs[:20]) + (", …" if len(docs) > 20 else "")
-        raise ConfigError([("(file)", f"expected one {KIND} document, found {len(trainings)} among "
-                                      f"{len(docs)} documents ({kinds or 'none'})")], source)
-    return trainings[0]
-
-
-def load_document(path: str | Path, overrides: list[str] | None = None,
-                  model: type[BaseModel] = TrainingDocument):
-    """Read, override and validate a TranslationTraining file; ConfigError lists every problem."""
-    raw = apply_overrides(read_yaml(path), overrides or [], str(path))
-    return parse_document(raw, str(path), model)

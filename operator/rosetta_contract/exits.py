@@ -23,7 +23,7 @@ NON_FINITE_EXIT = 3
 # whose module was never imported cannot have been raised, so looking in sys.modules is enough.
 # tests/unit/test_exit_codes.py checks that every row names a real exception class.
 ERROR_EXITS: tuple[tuple[str, str, int], ...] = (
-    ("rosetta_contract.config", "ConfigError", CONFIG_EXIT),  # PolicyViolation too
+    ("rosetta_contract.strict_model", "ConfigError", CONFIG_EXIT),  # PolicyViolation too
     ("rosetta_operator.policy", "PolicyError", CONFIG_EXIT),  # an admin policy file that cannot be used
     ("rosetta_trainer.data", "DataError", DATA_INVALID_EXIT),
     ("rosetta_trainer.checkpoint", "SharedStorageError", CONFIG_EXIT),  # where the job runs

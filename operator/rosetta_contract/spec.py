@@ -28,20 +28,10 @@ from pydantic import (
 )
 
 from rosetta_contract import __version__, core_types
-from rosetta_contract.config import (
-    ConfigError,
-    IntOrString,
-    JsonObject,
-    Metadata,
-    Model,
-    TrainerSpec,
-    TrainingDocument,
-    apply_overrides,
-    format_errors,
-    parse_document,
-    read_yaml,
-)
+from rosetta_contract.config import Metadata, TrainerSpec, TrainingDocument
+from rosetta_contract.documents import apply_overrides, format_errors, parse_document, read_yaml
 from rosetta_contract.profiles import PROFILES, USER_OVERRIDABLE
+from rosetta_contract.strict_model import ConfigError, IntOrString, JsonObject, Model
 from rosetta_contract.strict_yaml import MAX_DEPTH
 
 DEFAULT_IMAGE = f"ghcr.io/rosetta-dev/rosetta-trainer:{__version__}"

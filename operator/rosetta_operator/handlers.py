@@ -44,9 +44,10 @@ import kubernetes
 import prometheus_client
 from kubernetes.client.rest import ApiException
 
-from rosetta_contract.config import ConfigError, MetricsSpec
+from rosetta_contract.config import MetricsSpec
 from rosetta_contract.resource import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from rosetta_contract.spec import TranslationTrainingSpec, parse_spec, parse_training, plain
+from rosetta_contract.strict_model import ConfigError
 from rosetta_operator import policy as pol
 from rosetta_operator import progress as pr
 from rosetta_operator import scrape

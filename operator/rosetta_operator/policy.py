@@ -23,8 +23,9 @@ from typing import Annotated, Callable, Iterable, Optional
 from pydantic import Field, StrictInt, StringConstraints, ValidationError
 
 from rosetta_contract import strict_yaml
-from rosetta_contract.config import ConfigError, Model, format_errors
+from rosetta_contract.documents import format_errors
 from rosetta_contract.spec import TranslationTrainingSpec
+from rosetta_contract.strict_model import ConfigError, Model
 
 # Said after every violation, so a user can tell a policy refusal from a spec error.
 SUFFIX = "(operator policy)"

@@ -18,11 +18,11 @@ import jinja2
 import yaml
 from pydantic import BaseModel
 
-from rosetta_contract.config import ConfigError
 from rosetta_contract.exits import DATA_INVALID_EXIT
 from rosetta_contract.profiles import EFA_RESOURCE, PROFILES
 from rosetta_contract.resource import API_VERSION, KIND
 from rosetta_contract.spec import DEFAULT_OUTPUT_MOUNT, TRAINER_HOME, TRAINER_UID, TranslationTrainingSpec
+from rosetta_contract.strict_model import ConfigError
 
 REPLICATED_JOB = "node"
 # model.source / data.source: one pod that copies them onto the shared volume; the gang depends on it

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Iterator, Optional
 
-from rosetta_contract.config import ConfigError, apply_overrides, read_yaml
+from rosetta_contract.documents import apply_overrides, read_yaml
 from rosetta_contract.resource import KIND
+from rosetta_contract.strict_model import ConfigError
 from rosetta_operator.kube import FIELD_MANAGER, INVALID, Cluster, VerbError
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from rosetta_contract.config import read_yaml
+from rosetta_contract.documents import read_yaml
 from rosetta_contract.spec import load_training, parse_spec
 from rosetta_operator.render import jobset_suspend, render
 from support.cluster import REPO, Cluster

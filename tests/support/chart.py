@@ -13,7 +13,7 @@ from typing import Any, Iterable, Optional
 
 import yaml
 
-from rosetta_contract.config import deep_merge
+from rosetta_contract.documents import deep_merge
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "rosetta"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from rosetta_contract.config import deep_merge
+from rosetta_contract.documents import deep_merge
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared"

@@ -4,7 +4,7 @@ non-finite weights is recognised (the loop then refuses to checkpoint it)."""
 import pytest
 import torch
 
-from rosetta_contract.config import parse_document
+from rosetta_contract.documents import parse_document
 from rosetta_trainer.backends import DDPBackend, build_backend
 from rosetta_trainer.distributed import World
 from rosetta_trainer.models import build_model

@@ -7,15 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rosetta_contract.config import (
-    ConfigError,
-    apply_overrides,
-    load_document,
-    parse_document,
-    read_yaml,
-    task_prefix,
-)
+from rosetta_contract.documents import apply_overrides, load_document, parse_document, read_yaml
+from rosetta_contract.languages import task_prefix
 from rosetta_contract.spec import CLUSTER_FIELDS
+from rosetta_contract.strict_model import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 

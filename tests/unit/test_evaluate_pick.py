@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from rosetta_contract.config import ConfigError
+from rosetta_contract.strict_model import ConfigError
 from rosetta_trainer.checkpoint import MARKER, step_dir_name
 from rosetta_trainer.evaluate import pick_checkpoint
 

@@ -13,7 +13,7 @@ import yaml
 from openapi_check import assert_valid_jobset, cel_failures, schema_errors, with_defaults
 
 from rosetta_cli.main import main
-from rosetta_contract.config import read_yaml
+from rosetta_contract.documents import read_yaml
 from rosetta_contract.profiles import EFA_RESOURCE
 from rosetta_contract.spec import TranslationTrainingSpec, load_training
 from rosetta_operator.crd import build_crd

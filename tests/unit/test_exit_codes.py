@@ -19,7 +19,7 @@ def test_every_row_names_a_real_exception_class(module, name, status):
 
 
 def test_an_error_gets_its_row_a_subclass_its_parents_and_anything_else_none():
-    from rosetta_contract.config import ConfigError
+    from rosetta_contract.strict_model import ConfigError
     from rosetta_operator.policy import PolicyViolation
     from rosetta_trainer.data import DataError
 

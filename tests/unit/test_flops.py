@@ -178,7 +178,8 @@ def test_a_bad_env_peak_is_a_clear_error(value):
 
 
 def test_spec_peak_flops_field():
-    from rosetta_contract.config import ConfigError, parse_document
+    from rosetta_contract.documents import parse_document
+    from rosetta_contract.strict_model import ConfigError
     from support.training import TINY, deep_update
 
     assert parse_document(TINY).spec.metrics.peak_flops is None

@@ -4,7 +4,9 @@ same flags on `rosetta evaluate` and `rosetta translate`, down to what generate(
 import pytest
 import torch
 
-from rosetta_contract.config import ConfigError, EvaluationSpec, parse_document
+from rosetta_contract.config import EvaluationSpec
+from rosetta_contract.documents import parse_document
+from rosetta_contract.strict_model import ConfigError
 from rosetta_trainer.cli import build_parser, generation_overrides
 from rosetta_trainer.evaluate import Generation, translate
 from support.tiny_models import SOURCES, tiny_model, tiny_tokenizer

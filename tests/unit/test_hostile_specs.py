@@ -22,7 +22,7 @@ import yaml
 
 from rosetta_cli.main import main
 from rosetta_contract import strict_yaml
-from rosetta_contract.config import apply_overrides, load_document, read_yaml
+from rosetta_contract.documents import apply_overrides, load_document, read_yaml
 from rosetta_contract.spec import ConfigError, parse_spec, parse_training
 
 GOOD = {

@@ -9,7 +9,8 @@ import pytest
 import yaml
 from openapi_check import assert_valid_jobset, jobset_schema, schema_errors
 
-from rosetta_contract.config import TrainerSpec, parse_document
+from rosetta_contract.config import TrainerSpec
+from rosetta_contract.documents import parse_document
 from rosetta_contract.profiles import EFA_RESOURCE, PROFILES
 from rosetta_contract.spec import CLUSTER_FIELDS, ConfigError, parse_spec
 from rosetta_operator.render import (

@@ -2,7 +2,9 @@
 
 import pytest
 
-from rosetta_contract.config import ConfigError, parse_document, task_prefix
+from rosetta_contract.documents import parse_document
+from rosetta_contract.languages import task_prefix
+from rosetta_contract.strict_model import ConfigError
 from rosetta_trainer.__main__ import _print_result
 from rosetta_trainer.corpus import PARTITIONS, generate_articles
 from rosetta_trainer.data import DataError, Example, read_split

@@ -14,7 +14,7 @@ import tomllib
 import yaml
 
 from rosetta_cli.main import build_parser, main
-from rosetta_contract.config import ConfigError
+from rosetta_contract.strict_model import ConfigError
 from rosetta_operator import describe
 from rosetta_operator.event_files import extract
 from rosetta_operator.kube import VerbError, connect

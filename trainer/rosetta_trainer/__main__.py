@@ -22,7 +22,9 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from rosetta_contract.config import ConfigError, TrainingDocument, apply_overrides, read_yaml
+from rosetta_contract.config import TrainingDocument
+from rosetta_contract.documents import apply_overrides, read_yaml
+from rosetta_contract.strict_model import ConfigError
 
 
 def train_from_file(path: str, output: str | None = None, overrides: list[str] | None = None,

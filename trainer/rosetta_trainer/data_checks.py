@@ -38,13 +38,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from rosetta_contract.config import REQUIRED_BY_FORMAT, DataSpec, task_prefix
+from rosetta_contract.config import REQUIRED_BY_FORMAT, DataSpec
 from rosetta_contract.exits import (
     DEFAULT_TERMINATION_LOG,
     MAX_TERMINATION_MESSAGE,
     TERMINATION_LOG_ENV,
     TERMINATION_PREFIX,
 )
+from rosetta_contract.languages import task_prefix
 
 from .data import DataError, Example, iter_source
 

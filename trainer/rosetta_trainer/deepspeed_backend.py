@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from rosetta_contract.config import TrainerSpec, deep_merge
+from rosetta_contract.config import TrainerSpec
+from rosetta_contract.documents import deep_merge
 from rosetta_trainer.backends import make_optimizer, make_scheduler, param_groups
 from rosetta_trainer.distributed import World
 

@@ -16,8 +16,11 @@ from pathlib import Path
 
 import torch
 
-from rosetta_contract.config import ConfigError, EvaluationSpec, TrainerSpec, parse_document, task_prefix
+from rosetta_contract.config import EvaluationSpec, TrainerSpec
+from rosetta_contract.documents import parse_document
+from rosetta_contract.languages import task_prefix
 from rosetta_contract.metrics import METRICS, ROUGE_METRICS
+from rosetta_contract.strict_model import ConfigError
 from rosetta_trainer.data import Example
 from rosetta_trainer.distributed import World, all_gather_objects
 from rosetta_trainer.scoring import corpus_scores, gender_scores, rouge_scores
@@ -259,7 +262,7 @@ def load_checkpoint_for_inference(path: str | Path, device: torch.device):
         raise ConfigError([("--checkpoint", f"{path} holds no model (no config.json in {model_dir})")])
     spec = None
     if (path / "training.yaml").is_file():
-        from rosetta_contract.config import read_yaml
+        from rosetta_contract.documents import read_yaml
 
         spec = parse_document(read_yaml(path / "training.yaml"), str(path / "training.yaml")).spec
     from rosetta_trainer.deepspeed_backend import consolidated_model, is_deepspeed_checkpoint

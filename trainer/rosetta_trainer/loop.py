@@ -15,8 +15,9 @@ from pathlib import Path
 
 import torch
 
-from rosetta_contract.config import ConfigError, TrainerSpec
+from rosetta_contract.config import TrainerSpec
 from rosetta_contract.metrics import LABELS
+from rosetta_contract.strict_model import ConfigError
 from rosetta_trainer import batching
 from rosetta_trainer.backends import build_backend, compile_stats
 from rosetta_trainer.batching import IGNORE_INDEX, EncodedCorpus
