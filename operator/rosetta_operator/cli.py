@@ -94,7 +94,7 @@ def _cmd_crd(args) -> int:
 def _cmd_render(args) -> int:
     import yaml
 
-    from rosetta_operator.render import required_evaluation_job
+    from rosetta_operator.evaluation_job import required_evaluation_job
 
     training, rendered = load_and_render(args)
     objects = rendered.objects()

@@ -69,6 +69,7 @@ from rosetta_operator.api_calls import (
     set_jobset_suspend,
     write_status,
 )
+from rosetta_operator.evaluation_job import EVALUATION_LABEL, required_evaluation_job
 from rosetta_operator.event_memory import Decisions, OwnCreations
 from rosetta_operator.operator_metrics import (
     PROGRESS_SCRAPES,
@@ -81,13 +82,7 @@ from rosetta_operator.operator_metrics import (
     record_outcome,
     reset_phase_gauges,
 )
-from rosetta_operator.render import (
-    EVALUATION_LABEL,
-    TRAINING_LABEL,
-    render,
-    required_evaluation_job,
-    suspend_patch,
-)
+from rosetta_operator.render import TRAINING_LABEL, render, suspend_patch
 
 # The apiserver stores JSON nested up to 10,000 levels (its decoder's limit) in the schemaless fields
 # (affinity, deepspeedConfig). kopf decodes every watch event with json.loads, and at Python's default

@@ -14,7 +14,8 @@ from typing import Any, Iterable, Mapping, Optional, TypeGuard
 from rosetta_contract.exits import TERMINATION_PREFIX
 from rosetta_contract.final_result import parse_evaluation
 from rosetta_contract.resource import Phase
-from rosetta_operator.render import EVALUATION_CHECKPOINT, KUEUE_QUEUE_LABEL, PREEMPTION_ACTION, STAGE_JOB
+from rosetta_operator.evaluation_job import EVALUATION_CHECKPOINT
+from rosetta_operator.render import KUEUE_QUEUE_LABEL, PREEMPTION_ACTION, STAGE_JOB
 
 
 class ConditionType:

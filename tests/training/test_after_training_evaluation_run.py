@@ -14,7 +14,8 @@ import yaml
 
 from rosetta_contract.spec import parse_training
 from rosetta_operator import status as st
-from rosetta_operator.render import CONFIG_KEY, render, render_evaluation_job
+from rosetta_operator.evaluation_job import render_evaluation_job
+from rosetta_operator.render import CONFIG_KEY, render
 from rosetta_trainer.__main__ import train_from_file
 from rosetta_trainer.checkpoint import read_meta
 

@@ -16,7 +16,8 @@ from rosetta_contract import final_result
 from rosetta_contract.spec import ConfigError, parse_spec
 from rosetta_operator import handlers
 from rosetta_operator import status as st
-from rosetta_operator.render import EVALUATION_LABEL, render, render_evaluation_job
+from rosetta_operator.evaluation_job import EVALUATION_LABEL, render_evaluation_job
+from rosetta_operator.render import render
 from support.handler_api import (  # noqa: F401 - api and warnings are fixtures
     NAME,
     NS,

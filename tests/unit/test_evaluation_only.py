@@ -16,7 +16,7 @@ from rosetta_contract.config import TrainerSpec
 from rosetta_contract.spec import ConfigError, parse_spec
 from rosetta_operator import handlers
 from rosetta_operator import status as st
-from rosetta_operator.render import EVALUATION_LABEL, render_evaluation_job
+from rosetta_operator.evaluation_job import EVALUATION_LABEL, render_evaluation_job
 from support.handler_api import NAME, NS, UID, api, memo, reconcile  # noqa: F401 - api is a fixture
 
 MTGENEVAL = [{"format": "mtgeneval", "path": f"/data/mt-geneval/{lang}", "targetLang": lang} for lang in ("de", "fr")]

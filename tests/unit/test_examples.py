@@ -153,7 +153,7 @@ def test_deepspeed_examples_say_what_the_deepspeed_work_adds():
 
 
 def test_the_cnn_dailymail_example_renders_its_cpu_evaluation_job():
-    from rosetta_operator.render import render_evaluation_job
+    from rosetta_operator.evaluation_job import render_evaluation_job
 
     training = load_training(EXAMPLES_DIR / "t5-cnn-dailymail-cpu-eval.yaml")
     job = render_evaluation_job(training.metadata.name, "default", training.spec)

@@ -187,7 +187,7 @@ EVALUATE = {
 
 
 def test_in_mode_evaluate_the_evaluation_pod_stages_first_in_an_init_container():
-    from rosetta_operator.render import render_evaluation_job
+    from rosetta_operator.evaluation_job import render_evaluation_job
 
     job = render_evaluation_job(NAME, NS, parse_spec(copy.deepcopy(EVALUATE)))
     pod = job["spec"]["template"]["spec"]

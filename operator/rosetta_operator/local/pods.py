@@ -316,7 +316,7 @@ def plan_pods(rendered: Rendered, nodes: int, mounts: Mounts, hardware: Hardware
 
 def plan_evaluation(job: dict, mounts: Mounts, warn: Callable[[str], None] = print,
                     only: bool = False) -> LocalPod:
-    """The after-training evaluation Job's pod (render.render_evaluation_job) as a local process:
+    """The after-training evaluation Job's pod (evaluation_job.render_evaluation_job) as a local process:
     the training's shared volumes and its trainer config (as pod 0 of the last attempt saw them).
     `only` (spec.mode evaluate): the Job is the whole run, with its own emptyDirs and config, and
     the GPUs the machine has when the spec asks for them."""

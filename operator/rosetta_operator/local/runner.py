@@ -25,6 +25,7 @@ from pathlib import Path
 
 from rosetta_contract.exits import TERMINATION_PREFIX
 from rosetta_contract.spec import load_training
+from rosetta_operator.evaluation_job import required_evaluation_job
 from rosetta_operator.local.pods import (
     LocalRunError,
     fit_hardware,
@@ -39,7 +40,7 @@ from rosetta_operator.local.pods import (
 from rosetta_operator.local.progress import TrainingProgress
 from rosetta_operator.local.report import format_table, summary_rows, write_plots
 from rosetta_operator.local.supervisor import LocalJobSet
-from rosetta_operator.render import grace_period_seconds, render, required_evaluation_job
+from rosetta_operator.render import grace_period_seconds, render
 from rosetta_operator.status import evaluation_run_phase
 
 
