@@ -12,9 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rosetta_contract.config import REQUIRED_BY_FORMAT
-from rosetta_contract.profiles import PROFILES
-from rosetta_contract.resource import GROUP, KIND, PHASES, PLURAL, VERSION
-from rosetta_contract.spec import (
+from rosetta_contract.pod_fields import (
     DEFAULT_OUTPUT_MOUNT,
     HOSTNAME_LABEL,
     LAUNCHER_ENV,
@@ -23,8 +21,10 @@ from rosetta_contract.spec import (
     RESERVED_MOUNTS,
     RESERVED_VOLUMES,
     SECRET_ENV_NAME,
-    TranslationTrainingSpec,
 )
+from rosetta_contract.profiles import PROFILES
+from rosetta_contract.resource import GROUP, KIND, PHASES, PLURAL, VERSION
+from rosetta_contract.spec import TranslationTrainingSpec
 
 # The JobSet's headless Service takes the training's name.
 DNS1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"

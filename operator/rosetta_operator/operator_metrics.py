@@ -18,8 +18,8 @@ from typing import Any, Callable, Mapping, Optional
 import kopf
 import prometheus_client
 
+from rosetta_contract.pod_fields import FailurePolicySpec
 from rosetta_contract.resource import PHASES
-from rosetta_contract.spec import FailurePolicySpec
 
 RECONCILES = prometheus_client.Counter(
     "rosetta_operator_reconciles", "Handler calls by handler and outcome", ["handler", "outcome"])

@@ -19,9 +19,10 @@ import yaml
 from pydantic import BaseModel
 
 from rosetta_contract.exits import DATA_INVALID_EXIT
+from rosetta_contract.pod_fields import DEFAULT_OUTPUT_MOUNT, TRAINER_HOME, TRAINER_UID
 from rosetta_contract.profiles import EFA_RESOURCE, PROFILES
 from rosetta_contract.resource import API_VERSION, KIND
-from rosetta_contract.spec import DEFAULT_OUTPUT_MOUNT, TRAINER_HOME, TRAINER_UID, TranslationTrainingSpec
+from rosetta_contract.spec import TranslationTrainingSpec
 from rosetta_contract.strict_model import ConfigError
 
 REPLICATED_JOB = "node"

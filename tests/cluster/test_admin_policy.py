@@ -26,7 +26,8 @@ from test_lifecycle import small_training
 from workloads import condition, provision, status
 
 from control_plane import free_port
-from rosetta_contract.spec import DEFAULT_IMAGE, parse_training
+from rosetta_contract.pod_fields import DEFAULT_IMAGE
+from rosetta_contract.spec import parse_training
 from rosetta_operator.render import render
 from support.cluster import GROUP, JS_GROUP, JS_PLURAL, JS_VERSION, PLURAL, VERSION, OperatorProcess, wait_for
 

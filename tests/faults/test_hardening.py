@@ -21,9 +21,10 @@ import pytest
 import yaml
 
 from rosetta_cli.main import main
+from rosetta_contract.pod_fields import MAX_NAME_LENGTH, TRAINER_UID, is_secret_env
 from rosetta_contract.profiles import PROFILES
 from rosetta_contract.resource import Phase
-from rosetta_contract.spec import MAX_NAME_LENGTH, TRAINER_UID, ConfigError, is_secret_env, parse_spec, parse_training
+from rosetta_contract.spec import ConfigError, parse_spec, parse_training
 from rosetta_operator.crd import build_crd, spec_schema
 from rosetta_operator.render import SCRATCH_MOUNTS, label_value, render
 from rosetta_operator.status import ConditionType, Reason

@@ -12,7 +12,7 @@ import subprocess
 import kopf
 import pytest
 
-from rosetta_contract.spec import DEFAULT_IMAGE
+from rosetta_contract.pod_fields import DEFAULT_IMAGE
 from rosetta_operator import handlers
 from support.chart import CHART, MONITORING_APIS, REPO, render
 from support.handler_api import NAME, api, memo, reconcile, training, warnings  # noqa: F401 - fixtures

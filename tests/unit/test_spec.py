@@ -9,13 +9,12 @@ from types import MappingProxyType
 import pytest
 
 from rosetta_contract.config import TrainerSpec
+from rosetta_contract.pod_fields import DEFAULT_IMAGE, launcher_env_owner
 from rosetta_contract.profiles import PROFILES, USER_OVERRIDABLE
 from rosetta_contract.spec import (
     CLUSTER_FIELDS,
-    DEFAULT_IMAGE,
     ConfigError,
     TranslationTrainingSpec,
-    launcher_env_owner,
     load_training,
     parse_spec,
     parse_training,
