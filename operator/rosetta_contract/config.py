@@ -14,7 +14,7 @@ import math
 import re
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, Self
 
 from pydantic import (
     AfterValidator,
@@ -22,6 +22,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
     PrivateAttr,
     StringConstraints,
     WithJsonSchema,
@@ -129,7 +130,7 @@ class StagingSpec(Model):
     _secret = field_validator("credentials_secret")(classmethod(lambda cls, value: _secret_name(value)))
 
     @model_validator(mode="after")
-    def _s3_options_for_s3(self):
+    def _s3_options_for_s3(self) -> Self:
         if not self.uri.startswith("s3://"):
             given = [to_camel(f) for f in ("endpoint_url", "region", "credentials_secret") if getattr(self, f)]
             if given:
@@ -175,7 +176,7 @@ class ModelSpec(Model):
                           "before training, from S3 or the hub; the pods then load it with the hub offline.")
 
     @model_validator(mode="after")
-    def _one_source(self):
+    def _one_source(self) -> Self:
         if (self.name is None) == (self.architecture is None):
             raise ValueError("set exactly one of 'name' (pretrained) or 'architecture' (from scratch)")
         if self.source is not None:
@@ -213,7 +214,7 @@ class TokenizerSpec(Model):
     )
 
     @model_validator(mode="after")
-    def _not_both(self):
+    def _not_both(self) -> Self:
         if self.path is not None and self.train is not None:
             raise ValueError("set either 'path' or 'train', not both")
         return self
@@ -288,7 +289,7 @@ class DataSource(Model):
     limit: Optional[int] = Field(None, ge=1, description="Read at most this many pairs.")
 
     @model_validator(mode="after")
-    def _fields_for_format(self):
+    def _fields_for_format(self) -> Self:
         missing = [f for f in REQUIRED_BY_FORMAT[self.format] if getattr(self, f) is None]
         if missing:
             raise ValueError(f"format '{self.format}' needs {', '.join(repr(to_camel(m)) for m in missing)}")
@@ -350,7 +351,7 @@ class DataSpec(Model):
         return self._task
 
     @model_validator(mode="after")
-    def _languages(self):
+    def _languages(self) -> Self:
         if self.source is not None and self.source.path is None:
             raise ValueError("source.path is required: the absolute directory the corpora are copied into")
         task = _current_task()
@@ -394,7 +395,7 @@ class BatchSpec(Model):
     sentences: Optional[int] = Field(None, ge=1, description="Micro-batch size in sentence pairs per process.")
 
     @model_validator(mode="after")
-    def _exactly_one(self):
+    def _exactly_one(self) -> Self:
         if (self.tokens is None) == (self.sentences is None):
             raise ValueError("set exactly one of 'tokens' or 'sentences'")
         return self
@@ -438,7 +439,7 @@ class TrainingSpec(Model):
     )
 
     @model_validator(mode="after")
-    def _length(self):
+    def _length(self) -> Self:
         if self.max_steps is None and self.epochs is None:
             raise ValueError("set 'maxSteps' or 'epochs'")
         return self
@@ -473,7 +474,7 @@ class DistributedSpec(Model):
     )
 
     @model_validator(mode="after")
-    def _deepspeed_only(self):
+    def _deepspeed_only(self) -> Self:
         if self.backend == "ddp":
             used = [name for name, value in (
                 ("zeroStage", self.zero_stage), ("deepspeedConfig", self.deepspeed_config),
@@ -550,7 +551,7 @@ class AverageSpec(Model):
     )
 
     @model_validator(mode="after")
-    def _exactly_one(self):
+    def _exactly_one(self) -> Self:
         if (self.last is None) == (self.best is None):
             raise ValueError("set exactly one of 'last' or 'best'")
         return self
@@ -588,7 +589,7 @@ class CheckpointSpec(Model):
     )
 
     @model_validator(mode="after")
-    def _average_needs_kept_checkpoints(self):
+    def _average_needs_kept_checkpoints(self) -> Self:
         if self.average is not None and self.average.count > self.keep:
             raise ValueError(
                 f"average.{self.average.selection} is {self.average.count} but keep is {self.keep}: only the "
@@ -662,7 +663,7 @@ class EvaluationSpec(Model):
 
     @field_validator("metrics")
     @classmethod
-    def _metrics_for_task(cls, value):
+    def _metrics_for_task(cls, value: Any) -> Any:
         task = _current_task()
         if value is None:
             return list(DEFAULT_METRICS[task or "translation"])
@@ -802,7 +803,7 @@ class TrainerSpec(Model):
 
     @model_validator(mode="wrap")
     @classmethod
-    def _hand_down_task(cls, data, handler):
+    def _hand_down_task(cls, data: Any, handler: ModelWrapValidatorHandler[Self]) -> Self:
         task = data.get("task") if isinstance(data, dict) else getattr(data, "task", None)
         # Any value, a list included: _current_task() ignores what is not a task, which is reported on spec.task.
         token = _TASK.set("translation" if task is None else task)
@@ -812,7 +813,7 @@ class TrainerSpec(Model):
             _TASK.reset(token)
 
     @model_validator(mode="after")
-    def _cross_field(self):
+    def _cross_field(self) -> Self:
         if self.mode == "evaluate":
             if self.model.name is None:
                 raise ValueError("mode evaluate evaluates a pretrained model: set model.name (hub id or path)")

@@ -34,7 +34,7 @@ def format_errors(exc: ValidationError, prefix: str = "") -> list[tuple[str, str
     return out
 
 
-def deep_merge(base: dict, overrides: dict) -> dict:
+def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     """`overrides` merged into a copy of `base`: mappings key by key, anything else replaced
     (Helm's values semantics; also how deepspeedConfig goes over the generated config)."""
     out = copy.deepcopy(base)
@@ -46,7 +46,7 @@ def deep_merge(base: dict, overrides: dict) -> dict:
     return out
 
 
-def apply_overrides(raw: dict, overrides: list[str], source: str | None = None) -> dict:
+def apply_overrides(raw: Any, overrides: list[str], source: str | None = None) -> Any:
     """Apply `a.b.c=value` overrides (value parsed as YAML) to a raw document (read from `source`)."""
     raw = copy.deepcopy(raw)
     for item in overrides:
@@ -68,7 +68,7 @@ def apply_overrides(raw: dict, overrides: list[str], source: str | None = None) 
     return raw
 
 
-def parse_document(raw: Any, source: str | None = None, model: type[BaseModel] = TrainingDocument):
+def parse_document(raw: Any, source: str | None = None, model: type[BaseModel] = TrainingDocument) -> Any:
     """Validate a raw document. With the default model, cluster-only spec keys are ignored."""
     if not isinstance(raw, dict):
         raise ConfigError([("(document)", "expected a YAML mapping with apiVersion, kind and spec")], source)
@@ -84,7 +84,7 @@ def parse_document(raw: Any, source: str | None = None, model: type[BaseModel] =
         raise ConfigError(format_errors(exc), source) from None
 
 
-def read_yaml(path: str | Path) -> dict:
+def read_yaml(path: str | Path) -> Any:
     """The TranslationTraining of a YAML file: its only document, or, in a file that `kubectl apply`
     takes as a whole (e.g. a PersistentVolumeClaim, then the training), the one of kind
     TranslationTraining; documents of other kinds are ignored.
@@ -101,7 +101,7 @@ def read_yaml(path: str | Path) -> dict:
     return pick_training(docs, str(path))
 
 
-def pick_training(docs: list, source: str | None = None):
+def pick_training(docs: list[Any], source: str | None = None) -> Any:
     """The TranslationTraining among the documents of one file (see read_yaml)."""
     if len(docs) == 1:
         return docs[0]  # validation says what is wrong with it, kind included
@@ -115,7 +115,7 @@ def pick_training(docs: list, source: str | None = None):
 
 
 def load_document(path: str | Path, overrides: list[str] | None = None,
-                  model: type[BaseModel] = TrainingDocument):
+                  model: type[BaseModel] = TrainingDocument) -> Any:
     """Read, override and validate a TranslationTraining file; ConfigError lists every problem."""
     raw = apply_overrides(read_yaml(path), overrides or [], str(path))
     return parse_document(raw, str(path), model)

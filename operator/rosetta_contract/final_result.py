@@ -26,7 +26,7 @@ _FIELDS = (("steps", "step"), ("total_steps", "totalSteps"), ("final_loss", "los
 log = logging.getLogger(__name__)
 
 
-def result_of(summary: Mapping[str, Any]) -> dict:
+def result_of(summary: Mapping[str, Any]) -> dict[str, Any]:
     """The status.progress fields a run's summary gives (finite numbers only)."""
     out: dict[str, Any] = {}
     for key, field in _FIELDS:
@@ -66,7 +66,7 @@ EVALUATION_PREFIX = "Evaluation: "
 _SCORES = ("bleu", "chrf", "rouge1", "rouge2", "rougeL", "rougeLsum")
 
 
-def evaluation_of(scores: Mapping[str, Any], checkpoint: Optional[str] = None, step: Optional[int] = None) -> dict:
+def evaluation_of(scores: Mapping[str, Any], checkpoint: Optional[str] = None, step: Optional[int] = None) -> dict[str, Any]:
     """The status.evaluation figures of `rosetta evaluate`'s scores (finite numbers only)."""
     out: dict[str, Any] = {}
     for key in _SCORES:
@@ -88,19 +88,19 @@ def report_evaluation(scores: Mapping[str, Any], checkpoint: Optional[str] = Non
     _write(EVALUATION_PREFIX + json.dumps(evaluation_of(scores, checkpoint, step), separators=(",", ":")))
 
 
-def parse_evaluation(message: str) -> Optional[dict]:
+def parse_evaluation(message: str) -> Optional[dict[str, Any]]:
     """The figures of an `Evaluation: {json}` termination message; None for anything else."""
     figures = _figures(message, EVALUATION_PREFIX)
     return None if figures is None else evaluation_of(figures, figures.get("checkpoint"), figures.get("step"))
 
 
-def parse(message: str) -> Optional[dict]:
+def parse(message: str) -> Optional[dict[str, Any]]:
     """The figures of a `Result: {json}` termination message; None for anything else."""
     figures = _figures(message, RESULT_PREFIX)
     return None if figures is None else result_of({key: figures.get(field) for key, field in _FIELDS})
 
 
-def _figures(message: str, prefix: str) -> Optional[dict]:
+def _figures(message: str, prefix: str) -> Optional[dict[str, Any]]:
     """The JSON object after `prefix` in a termination message; None when it is not one."""
     if not message.startswith(prefix):
         return None

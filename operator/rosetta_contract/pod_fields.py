@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, Self
 
 from pydantic import (
     AfterValidator,
@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from rosetta_contract import __version__, core_types
+from rosetta_contract.config import CheckpointSpec
 from rosetta_contract.profiles import PROFILES, USER_OVERRIDABLE
 from rosetta_contract.strict_model import IntOrString, JsonObject, Model
 
@@ -86,7 +87,7 @@ def _number_to_str(value: Any) -> Any:
     return value
 
 
-def _matches(pattern: str, expected: str):
+def _matches(pattern: str, expected: str) -> AfterValidator:
     # pydantic's own message would print the regex; say what a valid value looks like instead.
     compiled = re.compile(pattern)
 
@@ -198,7 +199,7 @@ class EnvSource(Model):
     config_map_key_ref: Optional[KeyRef] = Field(None, description="Read the value from a ConfigMap key.")
 
     @model_validator(mode="after")
-    def _exactly_one(self):
+    def _exactly_one(self) -> Self:
         if (self.secret_key_ref is None) == (self.config_map_key_ref is None):
             raise ValueError("set exactly one of 'secretKeyRef' or 'configMapKeyRef'")
         return self
@@ -222,7 +223,7 @@ class EnvVar(Model):
 
     @field_validator("value")
     @classmethod
-    def _no_literal_secret(cls, value, info: ValidationInfo):
+    def _no_literal_secret(cls, value: Any, info: ValidationInfo) -> Any:
         name = info.data.get("name")
         if value is not None and name and is_secret_env(name):
             raise ValueError(f"{name} holds a credential: a literal value would be stored in clear in the "
@@ -231,7 +232,7 @@ class EnvVar(Model):
 
     @field_validator("value_from")
     @classmethod
-    def _secret_from_a_secret(cls, value, info: ValidationInfo):
+    def _secret_from_a_secret(cls, value: Any, info: ValidationInfo) -> Any:
         name = info.data.get("name")
         if value is not None and value.secret_key_ref is None and name and is_secret_env(name):
             raise ValueError(f"{name} holds a credential: take it from a Secret (valueFrom.secretKeyRef), "
@@ -239,7 +240,7 @@ class EnvVar(Model):
         return value
 
     @model_validator(mode="after")
-    def _not_both(self):
+    def _not_both(self) -> Self:
         if self.value is not None and self.value_from is not None:
             raise ValueError("set either 'value' or 'valueFrom', not both")
         return self
@@ -296,7 +297,7 @@ class VolumeSpec(Model):
 
     @field_validator("mount_path")
     @classmethod
-    def _mount_path_normal(cls, value: str):
+    def _mount_path_normal(cls, value: str) -> str:
         # /data/../etc/rosetta is /etc/rosetta: reserved paths are compared in their one spelling.
         normal = "/" + posixpath.normpath(value).lstrip("/")  # POSIX keeps a leading '//'
         if normal != value:
@@ -305,7 +306,7 @@ class VolumeSpec(Model):
 
     @field_validator("sub_path")
     @classmethod
-    def _sub_path_inside(cls, value: Optional[str]):
+    def _sub_path_inside(cls, value: Optional[str]) -> Optional[str]:
         # The kubelet refuses these too, but only when the pod starts: every restart fails alike.
         if value is not None and (value.startswith("/") or ".." in value.split("/")):
             raise ValueError(f"'{value}' must be a relative path that stays inside the volume "
@@ -314,7 +315,7 @@ class VolumeSpec(Model):
 
     @field_validator("host_path")
     @classmethod
-    def _host_path_allowed(cls, value, info: ValidationInfo):
+    def _host_path_allowed(cls, value: Any, info: ValidationInfo) -> Any:
         # Per item, not in the list validator, so it is reported even when another volume is invalid.
         if value is not None and not (info.context or {}).get("allow_host_path", False):
             raise ValueError("hostPath volumes are not allowed by this operator (it runs without "
@@ -322,7 +323,7 @@ class VolumeSpec(Model):
         return value
 
     @model_validator(mode="after")
-    def _one_source(self):
+    def _one_source(self) -> Self:
         sources = [s for s in (self.persistent_volume_claim, self.empty_dir, self.host_path) if s is not None]
         if len(sources) != 1:
             raise ValueError("set exactly one of 'persistentVolumeClaim', 'emptyDir' or 'hostPath'")
@@ -346,7 +347,7 @@ class Toleration(Model):
     toleration_seconds: Optional[int] = Field(None, ge=0, description="NoExecute only: how long to stay bound.")
 
     @model_validator(mode="after")
-    def _exists_has_no_value(self):
+    def _exists_has_no_value(self) -> Self:
         if self.operator == "Exists" and self.value is not None:
             raise ValueError("operator 'Exists' takes no 'value'")
         if self.toleration_seconds is not None and self.effect != "NoExecute":
@@ -382,7 +383,7 @@ class SchedulingSpec(Model):
 
     @field_validator("affinity")
     @classmethod
-    def _affinity_is_a_pod_affinity(cls, value: Optional[dict]):
+    def _affinity_is_a_pod_affinity(cls, value: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
         found = core_types.problems(value, "V1Affinity") if value is not None else []
         if found:
             raise ValueError("; ".join(found[:5]) + (f"; and {len(found) - 5} more" if len(found) > 5 else ""))
@@ -392,7 +393,7 @@ class SchedulingSpec(Model):
 _USE_A_CLAIM = "use a persistentVolumeClaim (ReadWriteMany: EFS, Filestore, NFS)"
 
 
-def shared_checkpoints_problems(nodes: int, volumes: list[VolumeSpec], checkpoint) -> list[str]:
+def shared_checkpoints_problems(nodes: int, volumes: list[VolumeSpec], checkpoint: Optional[CheckpointSpec]) -> list[str]:
     """Why the checkpoints of a training on `nodes` pods would not be on storage every pod shares.
 
     Every rank writes into the checkpoint rank 0 finalises (its RNG state; its ZeRO shards under
@@ -463,7 +464,7 @@ class PodSecuritySpec(Model):
 
     @field_validator("run_as_user")
     @classmethod
-    def _not_root(cls, value):
+    def _not_root(cls, value: Any) -> Any:
         if value == 0:
             raise ValueError("trainer pods do not run as root (UID 0); use the image's user "
                              f"({TRAINER_UID}) or another non-zero UID")
@@ -471,7 +472,7 @@ class PodSecuritySpec(Model):
 
     @field_validator("run_as_non_root")
     @classmethod
-    def _non_root_stays_on(cls, value):
+    def _non_root_stays_on(cls, value: Any) -> Any:
         if value is False:
             raise ValueError("trainer pods always run as non-root; remove runAsNonRoot or set it to true")
         return value

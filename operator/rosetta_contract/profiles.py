@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
+from typing import Any, Mapping
 
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 
@@ -77,7 +77,7 @@ _GKE_A3_ENV = {
 USER_OVERRIDABLE = frozenset({"NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE"})
 
 
-def _profile(**kwargs) -> NetworkProfile:
+def _profile(**kwargs: Any) -> NetworkProfile:
     kwargs["env"] = MappingProxyType(dict(kwargs.get("env", {})))
     kwargs["node_selector"] = MappingProxyType(dict(kwargs.get("node_selector", {})))
     return NetworkProfile(**kwargs)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Self, cast
 
 from pydantic import (
     BaseModel,
@@ -116,21 +116,21 @@ class TranslationTrainingSpec(TrainerSpec):
 
     @field_validator("procs_per_node")
     @classmethod
-    def _procs_only_on_cpu(cls, value, info: ValidationInfo):
+    def _procs_only_on_cpu(cls, value: Any, info: ValidationInfo) -> Any:
         if value is not None and info.data.get("gpus_per_node", 0) > 0:
             raise ValueError("procsPerNode is for CPU training; with GPUs there is one process per GPU")
         return value
 
     @field_validator("launcher")
     @classmethod
-    def _deepspeed_needs_gpus(cls, value, info: ValidationInfo):
+    def _deepspeed_needs_gpus(cls, value: Any, info: ValidationInfo) -> Any:
         if value == "deepspeed" and info.data.get("gpus_per_node", 1) == 0:
             raise ValueError("the deepspeed launcher needs gpusPerNode >= 1")
         return value
 
     @field_validator("network")
     @classmethod
-    def _profile_fits(cls, value: NetworkSpec, info: ValidationInfo):
+    def _profile_fits(cls, value: NetworkSpec, info: ValidationInfo) -> NetworkSpec:
         profile = PROFILES[value.profile]
         gpus = info.data.get("gpus_per_node")
         if profile.needs_gpus and gpus is not None and not 1 <= gpus <= profile.max_gpus_per_node:
@@ -142,7 +142,7 @@ class TranslationTrainingSpec(TrainerSpec):
 
     @field_validator("scheduling")
     @classmethod
-    def _exclusive_topology_fits(cls, value: SchedulingSpec, info: ValidationInfo):
+    def _exclusive_topology_fits(cls, value: SchedulingSpec, info: ValidationInfo) -> SchedulingSpec:
         nodes = info.data.get("nodes", 1)
         if value.exclusive_topology == HOSTNAME_LABEL and nodes > 1:
             raise ValueError(
@@ -153,7 +153,7 @@ class TranslationTrainingSpec(TrainerSpec):
 
     @field_validator("env")
     @classmethod
-    def _env_not_launcher_owned(cls, value: list[EnvVar], info: ValidationInfo):
+    def _env_not_launcher_owned(cls, value: list[EnvVar], info: ValidationInfo) -> list[EnvVar]:
         network = info.data.get("network")
         profile = network.profile if network is not None else "generic"
         problems, seen = [], set()
@@ -170,7 +170,7 @@ class TranslationTrainingSpec(TrainerSpec):
 
     @field_validator("volumes")
     @classmethod
-    def _volumes(cls, value: list[VolumeSpec], info: ValidationInfo):
+    def _volumes(cls, value: list[VolumeSpec], info: ValidationInfo) -> list[VolumeSpec]:
         problems, names, paths = [], set(), set()
         purposes: dict[str, int] = {}
         has_checkpoints = any(vol.purpose == "checkpoints" for vol in value)
@@ -200,7 +200,7 @@ class TranslationTrainingSpec(TrainerSpec):
         return value
 
     @model_validator(mode="after")
-    def _after_training_reads_shared_checkpoints(self):
+    def _after_training_reads_shared_checkpoints(self) -> Self:
         after = self.evaluation.after_training
         if after is None:
             return self
@@ -225,14 +225,14 @@ class TranslationTrainingSpec(TrainerSpec):
         return self
 
     @model_validator(mode="after")
-    def _staged_onto_a_shared_volume(self):
+    def _staged_onto_a_shared_volume(self) -> Self:
         # The stage job is its own pod, gone before the gang starts: what it copies must be on a
         # volume that outlives it and that it may write.
         for what, source in self.staging_sources():
             self._check_staging(f"{what}.source", source)
         return self
 
-    def _check_staging(self, where: str, source) -> None:
+    def _check_staging(self, where: str, source: Any) -> None:
         volume = next((v for v in self.volumes if v.persistent_volume_claim is not None
                        and is_under(source.path, v.mount_path)), None)
         if volume is None:
@@ -244,7 +244,7 @@ class TranslationTrainingSpec(TrainerSpec):
                              "the stage job writes there")
 
     @model_validator(mode="after")
-    def _device_matches_gpus(self):
+    def _device_matches_gpus(self) -> Self:
         if self.training.device == "cuda" and self.gpus_per_node == 0:
             raise ValueError("training.device is cuda but gpusPerNode is 0")
         if self.training.device == "cpu" and self.gpus_per_node > 0:
@@ -278,7 +278,7 @@ class TrainingMetadata(Metadata):
 
     @field_validator("name")
     @classmethod
-    def _fits_pod_names(cls, value: str):
+    def _fits_pod_names(cls, value: str) -> str:
         if len(value) > MAX_NAME_LENGTH:
             raise ValueError(f"'{value}' has {len(value)} characters; at most {MAX_NAME_LENGTH}, so that its "
                              "pods' names (<name>-node-0-<index>-<5 random>) fit in 63")
@@ -366,7 +366,7 @@ def parse_for_trainer(raw: Any, source: str | None = None) -> TrainingDocument:
     a file that runs under `rosetta train`, `prepare`, `stage` or `evaluate` is one the operator
     accepts. hostPath is the operator's admin decision, not the file's."""
     parse_training(raw, source, allow_host_path=True)
-    return parse_document(raw, source)
+    return cast(TrainingDocument, parse_document(raw, source))
 
 
 def load_for_trainer(path: str | Path, overrides: list[str] | None = None) -> TrainingDocument:

@@ -56,7 +56,7 @@ PATH_MAX = 4096
 NAME_MAX = 253
 
 
-def json_object(value: dict) -> dict:
+def json_object(value: dict[str, Any]) -> dict[str, Any]:
     """Free-form fields that are copied into JSON (deepspeedConfig, a pod's affinity) hold only what
     JSON can: YAML reads `2024-01-01` as a date, `!!binary` as bytes, `!!set` as a set, `.nan` as
     NaN, none of which json.dumps (or the apiserver) takes. The error names the key inside."""

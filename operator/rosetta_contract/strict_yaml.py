@@ -50,7 +50,7 @@ MAX_ALIAS_NODES = 10_000
 _SAFE_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-class _Loader(_SAFE_LOADER):
+class _Loader(_SAFE_LOADER):  # type: ignore[misc]  # PyYAML ships no types: its classes are Any
     """The safe loader, with exponent-only floats (`1e-3`) read as numbers as kubectl reads them
     (YAML 1.1 says string; YAML 1.2 and JSON say number)."""
 
@@ -136,7 +136,7 @@ def check(text: str) -> None:
     """Walk the event stream: duplicate keys, alias expansion, recursive aliases and depth."""
     parser = _Loader(text)
     # Per open collection: [anchor, expanded size, keys seen (mappings) or None, children so far].
-    stack: list[list] = []
+    stack: list[list[Any]] = []
     sizes: dict[str, int] = {}   # anchor -> nodes its alias stands for
     added = 0                    # nodes that aliases added, over the whole stream
 
@@ -210,7 +210,7 @@ def _shown(value: str, quote: bool = True, limit: int = 80) -> str:
     return repr(text) if quote else text
 
 
-def load_all(text: str) -> list:
+def load_all(text: str) -> list[Any]:
     """Every document of a stream (empty ones included as None), checked first."""
     check(text)
     try:
