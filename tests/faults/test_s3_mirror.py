@@ -23,8 +23,10 @@ import pytest
 import yaml
 
 from rosetta_contract.config import S3MirrorSpec
-from rosetta_trainer import s3_mirror
-from rosetta_trainer.s3_mirror import MANIFEST, Counters, Mirror, MirrorError, RetryPolicy
+from rosetta_trainer import s3_checkpoints, s3_client, s3_mirror
+from rosetta_trainer.s3_checkpoints import MANIFEST
+from rosetta_trainer.s3_client import Counters, MirrorError, RetryPolicy
+from rosetta_trainer.s3_mirror import Mirror
 from support.s3_server import FaultyProxy, isolate_aws_env, moto_s3
 from support.training import TINY, deep_update, read_jsonl
 
@@ -95,7 +97,7 @@ def complete_steps(url, bucket, prefix="runs/mt") -> list[str]:
 def fetch(url, bucket, root: Path):
     counters = Counters()
     spec = spec_for(bucket, url)
-    return s3_mirror.fetch_newest(s3_mirror.make_client(spec, FAST, counters), spec, root, FAST, counters)
+    return s3_checkpoints.fetch_newest(s3_client.make_client(spec, FAST, counters), spec, root, FAST, counters)
 
 
 # ----------------------------------------------------------------- retries
@@ -173,7 +175,7 @@ def test_unreachable_s3_at_resume_is_an_error_not_a_fresh_start(tmp_path, bucket
     with FaultyProxy("http://127.0.0.1:9") as proxy:  # forwards to a closed port
         spec = spec_for(bucket, proxy.url)
         with pytest.raises(MirrorError, match=rf"list s3://{bucket}/runs/mt/: still failing after 4 attempts"):
-            s3_mirror.fetch_newest(s3_mirror.make_client(spec, FAST), spec, tmp_path, FAST, Counters())
+            s3_checkpoints.fetch_newest(s3_client.make_client(spec, FAST), spec, tmp_path, FAST, Counters())
     assert not any(tmp_path.iterdir())
 
 
@@ -183,7 +185,7 @@ def test_unreachable_s3_at_resume_is_an_error_not_a_fresh_start(tmp_path, bucket
 def _upload(url, bucket, ckpt: Path):
     spec = spec_for(bucket, url)
     counters = Counters()
-    return s3_mirror.upload_checkpoint(s3_mirror.make_client(spec, FAST, counters), spec, ckpt, ckpt.name,
+    return s3_checkpoints.upload_checkpoint(s3_client.make_client(spec, FAST, counters), spec, ckpt, ckpt.name,
                                        FAST, counters)
 
 
@@ -231,7 +233,7 @@ def test_reuploading_a_step_unmarks_it_first_and_drops_stale_objects(s3_url, buc
     _upload(s3_url, bucket, first)
     with FaultyProxy(s3_url) as proxy:
         spec = spec_for(bucket, proxy.url)
-        s3_mirror.upload_checkpoint(s3_mirror.make_client(spec, FAST), spec, second, second.name, FAST, Counters())
+        s3_checkpoints.upload_checkpoint(s3_client.make_client(spec, FAST), spec, second, second.name, FAST, Counters())
 
     writes = [(m, p.split("?")[0]) for m, p, _ in proxy.log if m in ("PUT", "DELETE", "POST")]
     assert writes[0] == ("DELETE", f"/{bucket}/runs/mt/step-00000010/COMPLETE")
@@ -346,7 +348,8 @@ import json, os, sys
 from pathlib import Path
 from rosetta_contract.config import S3MirrorSpec
 from rosetta_trainer.distributed import close, init_world
-from rosetta_trainer.s3_mirror import RetryPolicy, resume_point
+from rosetta_trainer.s3_client import RetryPolicy
+from rosetta_trainer.s3_mirror import resume_point
 
 world = init_world("cpu", timeout_s=60)
 spec = S3MirrorSpec(uri=sys.argv[1], endpoint_url=sys.argv[2])

@@ -11,7 +11,7 @@ import pytest
 
 from rosetta_contract.config import StagingSpec
 from rosetta_trainer.data import DataError
-from rosetta_trainer.s3_mirror import MirrorError, RetryPolicy
+from rosetta_trainer.s3_client import MirrorError, RetryPolicy
 from rosetta_trainer.staging import MARKER, StagingError, stage, staged_from
 from support.s3_server import FaultyProxy, isolate_aws_env, moto_s3
 

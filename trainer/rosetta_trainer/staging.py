@@ -44,7 +44,7 @@ def stage_all(spec: TrainerSpec) -> list[dict]:
 
 def stage(source: StagingSpec, what: str = "data", policy=None) -> dict:
     """Copy `source.uri` into `source.path` unless it is already there. `policy`: the S3 retries
-    (s3_mirror.RetryPolicy; the mirror's by default)."""
+    (s3_client.RetryPolicy; the mirror's by default)."""
     dest = Path(source.path)
     previous = staged_from(dest)
     if previous == source.uri:
@@ -77,14 +77,14 @@ def stage(source: StagingSpec, what: str = "data", policy=None) -> dict:
 
 
 def _copy_s3(source: StagingSpec, into: Path, policy=None) -> int:
-    from rosetta_trainer import s3_mirror
+    from rosetta_trainer import s3_client
 
     bucket, _, prefix = source.uri[len("s3://"):].partition("/")
     prefix = prefix.strip("/")
-    policy, counters = policy or s3_mirror.RetryPolicy(), s3_mirror.Counters()
-    client = s3_mirror.make_client(source, policy)  # endpointUrl and region; credentials from the AWS chain
+    policy, counters = policy or s3_client.RetryPolicy(), s3_client.Counters()
+    client = s3_client.make_client(source, policy)  # endpointUrl and region; credentials from the AWS chain
     try:
-        keys = s3_mirror.with_retries(f"listing {source.uri}", lambda: s3_mirror._list_keys(
+        keys = s3_client.with_retries(f"listing {source.uri}", lambda: s3_client.list_keys(
             client, bucket, f"{prefix}/" if prefix else ""), policy, counters)
         keys = [k for k in keys if not k.endswith("/")]  # "folders" that consoles make
         if not keys:
@@ -95,10 +95,10 @@ def _copy_s3(source: StagingSpec, into: Path, policy=None) -> int:
                 raise StagingError(f"{source.uri}: object key {key!r} does not fit below {source.path}")
             target = into.joinpath(*rel.parts)
             target.parent.mkdir(parents=True, exist_ok=True)
-            s3_mirror.with_retries(f"s3://{bucket}/{key}", lambda key=key, target=target:
+            s3_client.with_retries(f"s3://{bucket}/{key}", lambda key=key, target=target:
                                    client.download_file(bucket, key, str(target)), policy, counters)
-    except s3_mirror.MirrorError as exc:
-        if exc.__cause__ is not None and s3_mirror.retryable(exc.__cause__):
+    except s3_client.MirrorError as exc:
+        if exc.__cause__ is not None and s3_client.retryable(exc.__cause__):
             raise  # still failing after the retries: the stage job's own retry may get through
         raise StagingError(str(exc)) from None  # refused (no bucket, no access): the same next time
     return len(keys)
