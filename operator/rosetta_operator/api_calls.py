@@ -76,20 +76,21 @@ def first_attempt_only(value: Optional[Mapping]) -> Callable[[], Optional[Mappin
 
 def get_training(api: kubernetes.client.ApiClient, namespace: str, name: str) -> Optional[dict]:
     """The TranslationTraining as the API holds it now; None when it is gone."""
-    try:
-        # The client returns the decoded JSON; its stubs say object.
-        return cast(dict, kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, name))
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
+    return _get_custom_object(api, (GROUP, VERSION, PLURAL), namespace, name)
 
 
 def get_jobset(api: kubernetes.client.ApiClient, namespace: str, name: str) -> Optional[dict]:
+    return _get_custom_object(api, (JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL), namespace, name)
+
+
+def _get_custom_object(api: kubernetes.client.ApiClient, resource: tuple[str, str, str], namespace: str,
+                       name: str) -> Optional[dict]:
+    """A custom object (group, version, plural) as the API holds it now; None on 404."""
+    group, version, plural = resource
     try:
+        # The client returns the decoded JSON; its stubs say object.
         return cast(dict, kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object(
-            JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, name))
+            group, version, namespace, plural, name))
     except ApiException as exc:
         if exc.status == 404:
             return None

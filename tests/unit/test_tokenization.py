@@ -182,3 +182,23 @@ def test_load_tokenizer_bad_path(tmp_path):
     with pytest.raises(OSError) as err:
         load_tokenizer(bad)
     assert str(bad) in str(err.value)
+
+
+def test_max_sentences_holds_a_sample_not_the_corpus():
+    alive, most = 0, 0
+
+    class Item:
+        def __init__(self, i):
+            nonlocal alive, most
+            self.i = i
+            alive += 1
+            most = max(most, alive)
+
+        def __del__(self):
+            nonlocal alive
+            alive -= 1
+
+    sample = _subsample((Item(i) for i in range(5_000)), 10)
+    assert len(sample) == 10 and most <= 12  # the reservoir, the item in hand and the one it replaces
+    indices = [item.i for item in sample]
+    assert indices == sorted(indices) and max(indices) >= 10  # drawn from the whole stream, not its head

@@ -175,10 +175,14 @@ def _chunks(pairs: Iterable[tuple[str, str]], size: int,
 def corpus_key(pairs: Iterable[tuple[str, str]], tokenizer, max_source: int, max_target: int) -> str:
     """The directory name for these (source, target) pairs tokenized by `tokenizer` (see the
     module docstring): one pass over the text, nothing tokenized, nothing held."""
+    return _content_key(pairs, tokenizer_fingerprint(tokenizer), max_source, max_target)
+
+
+def _content_key(pairs: Iterable[tuple[str, str]], fingerprint: str, max_source: int, max_target: int) -> str:
     text_hash = TextHash()
     for _ in _chunks(pairs, CHUNK_PAIRS, text_hash):
         pass
-    return text_hash.key(tokenizer_fingerprint(tokenizer), max_source, max_target)
+    return text_hash.key(fingerprint, max_source, max_target)
 
 
 def id_dtype(vocab_size: int) -> np.dtype:
@@ -224,16 +228,17 @@ def tokenize(tokenizer, pairs: Iterable[tuple[str, str]], max_source: int, max_t
     global _JOB
     chunks = _chunks(pairs, chunk, text_hash)
     ahead: list[tuple[list[str], list[str]]] = []
+    read = 0
     for piece in chunks:  # enough to build the encoder and to tell a small corpus
         ahead.append(piece)
-        if sum(len(s) for s, _ in ahead) >= PARALLEL_MIN_PAIRS:
+        read += len(piece[0])
+        if read >= PARALLEL_MIN_PAIRS:
             break
     if not ahead:
         return
     if workers is None:
-        workers = default_workers() if sum(len(s) for s, _ in ahead) >= PARALLEL_MIN_PAIRS else 1
-    first = ahead[0]
-    _JOB = (Encoder(tokenizer, max_source, max_target, first), id_dtype(len(tokenizer)))
+        workers = default_workers() if read >= PARALLEL_MIN_PAIRS else 1
+    _JOB = (Encoder(tokenizer, max_source, max_target, ahead[0]), id_dtype(len(tokenizer)))
     try:
         if workers <= 1:
             for piece in chain(ahead, chunks):
@@ -270,9 +275,10 @@ HEADER_BYTES = 128
 
 
 def write(root: Path, tokenizer, pairs: Iterable[tuple[str, str]], max_source: int, max_target: int, *,
-          workers: int | None = None, chunk: int = CHUNK_PAIRS) -> Path:
+          workers: int | None = None, chunk: int = CHUNK_PAIRS, fingerprint: str | None = None) -> Path:
     """Tokenize the pairs as they stream and write one prepared directory under `root`,
-    atomically; returns it (`root/<key>`). Memory holds a few chunks of text, never the corpus."""
+    atomically; returns it (`root/<key>`). Memory holds a few chunks of text, never the corpus.
+    `fingerprint`: the tokenizer's, when the caller has it already."""
     started = time.monotonic()
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".tmp-{secrets.token_hex(6)}"
@@ -302,7 +308,7 @@ def write(root: Path, tokenizer, pairs: Iterable[tuple[str, str]], max_source: i
             np.cumsum(np.concatenate(lengths[side]), out=offsets[1:])
             lengths[side] = []
             np.save(tmp / f"{side}_offsets.npy", offsets)
-        fingerprint = tokenizer_fingerprint(tokenizer)
+        fingerprint = fingerprint or tokenizer_fingerprint(tokenizer)
         key = text_hash.key(fingerprint, max_source, max_target)
         directory = root / key
         meta = {"format": FORMAT_VERSION, "key": key, "pairs": text_hash.pairs, "tokens": tokens,
@@ -395,10 +401,10 @@ def _holds(path: Path, token: str) -> bool:
         return False
 
 
-def _identity_file(identity: str, tokenizer, max_source: int, max_target: int) -> str:
+def _identity_file(identity: str, fingerprint: str, max_source: int, max_target: int) -> str:
     h = hashlib.blake2b(digest_size=16)
     h.update(json.dumps({"format": FORMAT_VERSION, "data": identity, "max_source": max_source,
-                         "max_target": max_target, "tokenizer": tokenizer_fingerprint(tokenizer)}).encode())
+                         "max_target": max_target, "tokenizer": fingerprint}).encode())
     return f"source-{h.hexdigest()}.json"
 
 
@@ -418,7 +424,7 @@ def find_prepared(root: Path, identity: str | None, tokenizer, max_source: int, 
     from rosetta_trainer.distributed import all_gather_objects, broadcast_object
 
     started = time.monotonic()
-    name = _identity_file(identity, tokenizer, max_source, max_target) if identity else None
+    name = _identity_file(identity, tokenizer_fingerprint(tokenizer), max_source, max_target) if identity else None
     found = None
     if world.is_main and name:
         for record in sorted(Path(root).glob(f"*/{name}")):
@@ -458,16 +464,16 @@ def _holds_prepared(root: Path, fingerprint: str, max_source: int, max_target: i
     return False
 
 
-def _prepare_here(root: Path, tokenizer, pairs, max_source: int, max_target: int,
+def _prepare_here(root: Path, tokenizer, fingerprint: str, pairs, max_source: int, max_target: int,
                   workers: int | None) -> tuple[str, bool]:
     """(key, whether it was written): the directory these pairs name, written unless it is there.
     When it might be (same tokenizer and lengths, other text or the same), the text is hashed
     first, a pass that reads without tokenizing; else it is hashed while it is tokenized."""
-    if _holds_prepared(root, tokenizer_fingerprint(tokenizer), max_source, max_target):
-        key = corpus_key(pairs, tokenizer, max_source, max_target)
+    if _holds_prepared(root, fingerprint, max_source, max_target):
+        key = _content_key(pairs, fingerprint, max_source, max_target)
         if is_complete(root / key):
             return key, False
-    key = write(root, tokenizer, pairs, max_source, max_target, workers=workers).name
+    key = write(root, tokenizer, pairs, max_source, max_target, workers=workers, fingerprint=fingerprint).name
     prune(root, keep=key)
     return key, True
 
@@ -491,10 +497,13 @@ def prepare_corpus(root: Path, tokenizer, pairs: Iterable[tuple[str, str]], max_
     outcome = None
     if world.is_main if shared else world.local_rank == 0:
         try:
-            key, wrote = _prepare_here(root, tokenizer, pairs, max_source, max_target, workers)
+            # One fingerprint for the key, the write and the identity file: for a tokenizer
+            # without a fast backend it is a save_pretrained into a temporary directory.
+            fingerprint = tokenizer_fingerprint(tokenizer)
+            key, wrote = _prepare_here(root, tokenizer, fingerprint, pairs, max_source, max_target, workers)
             report = pairs.report() if hasattr(pairs, "report") else None
             if identity:
-                _record_identity(root / key, _identity_file(identity, tokenizer, max_source, max_target), report)
+                _record_identity(root / key, _identity_file(identity, fingerprint, max_source, max_target), report)
             outcome = {"key": key, "wrote": wrote, "report": report}
         except Exception as exc:  # every rank must hear of it, not wait for a directory forever
             if not world.distributed:
