@@ -343,6 +343,14 @@ class DataSpec(Model):
     source: Optional[StagingSpec] = Field(
         None, description="Copy corpora into source.path (on a shared volume) before training, from S3 or a hub "
                           "dataset repository; train/validation/test then name files below it.")
+    prepare: Literal["InTraining", "BeforeTraining"] = Field(
+        "InTraining",
+        description="When the training data is tokenized into <output>/prepared/ (once; restarts map it). "
+                    "InTraining: by the training's first process, while the other ranks wait. BeforeTraining: "
+                    "on a cluster (and in `rosetta run`), by the stage job before the gang starts, so no GPU "
+                    "idles while a large corpus is tokenized (it also trains the tokenizer, when tokenizer.train "
+                    "is set); needs the checkpoints on a persistentVolumeClaim. `rosetta prepare` does the same "
+                    "by hand.")
     # spec.task, copied in while the spec validates: readers tag their examples with it.
     _task: str = PrivateAttr("translation")
 

@@ -225,6 +225,26 @@ class TranslationTrainingSpec(TrainerSpec):
         return self
 
     @model_validator(mode="after")
+    def _prepared_onto_a_shared_volume(self) -> Self:
+        if self.data.prepare != "BeforeTraining":
+            return self
+        # The stage job writes <output>/prepared/ and the tokenizer for the gang, which starts
+        # after it is gone: the output must be on a volume that outlives it.
+        needs = "data.prepare: BeforeTraining: the stage job writes the prepared data into the training's output"
+        if self.mode != "train":
+            raise ValueError(f"{needs}, and mode {self.mode} trains nothing: drop data.prepare")
+        volume = self.volume_for("checkpoints")
+        if volume is None or volume.persistent_volume_claim is None:
+            what = "no volume has purpose: checkpoints" if volume is None else \
+                f"volume '{volume.name}' (purpose: checkpoints) is not a persistentVolumeClaim"
+            raise ValueError(f"{needs} directory, the checkpoints volume, which must be a persistentVolumeClaim, "
+                             f"and {what}; add {{name: checkpoints, mountPath: {DEFAULT_OUTPUT_MOUNT}, "
+                             "purpose: checkpoints, persistentVolumeClaim: {claimName: NAME}}")
+        if volume.read_only or volume.persistent_volume_claim.read_only:
+            raise ValueError(f"{needs} directory, on volume '{volume.name}', which is mounted read-only")
+        return self
+
+    @model_validator(mode="after")
     def _staged_onto_a_shared_volume(self) -> Self:
         # The stage job is its own pod, gone before the gang starts: what it copies must be on a
         # volume that outlives it and that it may write.

@@ -26,8 +26,9 @@ from rosetta_contract.spec import TranslationTrainingSpec
 from rosetta_contract.strict_model import ConfigError
 
 REPLICATED_JOB = "node"
-# model.source / data.source: one pod that copies them onto the shared volume; the gang depends on it
-# (JobSet dependsOn), so no GPU is held while weights download (Kubeflow Trainer's "initializers").
+# model.source / data.source, and data.prepare: BeforeTraining: one pod that copies them onto the
+# shared volume and tokenizes the training data there; the gang depends on it (JobSet dependsOn), so
+# no GPU is held while weights download or a corpus is tokenized (Kubeflow Trainer's "initializers").
 STAGE_JOB = "stage"
 STAGE_RESOURCES = {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "4Gi"}}
 REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
@@ -181,7 +182,7 @@ def failure_policy(spec: TranslationTrainingSpec) -> dict:
     preemption, and a restart would only ask again)."""
     rules: list[dict] = [{"name": PREEMPTION_RULE, "action": PREEMPTION_ACTION,
                           "onJobFailureReasons": [POD_FAILURE_POLICY_REASON]}]
-    if staging_sources(spec):
+    if has_stage_job(spec):
         rules = [{"name": STAGE_REFUSED_RULE, "action": "FailJobSet", "onJobFailureReasons": [POD_FAILURE_POLICY_REASON],
                   "targetReplicatedJobs": [STAGE_JOB]},
                  {**rules[0], "targetReplicatedJobs": [REPLICATED_JOB]}]
@@ -471,7 +472,8 @@ def render(name: str, namespace: str, spec: TranslationTrainingSpec, owner: Mapp
     if stage is not None:
         gang = jobset["spec"]["replicatedJobs"][0]
         gang["dependsOn"] = [{"name": STAGE_JOB, "status": "Complete"}]
-        gang["template"]["spec"]["template"]["spec"]["containers"][0]["env"] += offline_env(spec)
+        if staging_sources(spec):
+            gang["template"]["spec"]["template"]["spec"]["containers"][0]["env"] += offline_env(spec)
         jobset["spec"]["replicatedJobs"].insert(0, stage)  # dependsOn names an earlier entry
     check_sizes(spec, configmap, jobset)
     return Rendered(names=names, configmap=configmap, jobset=jobset)
@@ -482,6 +484,14 @@ def render(name: str, namespace: str, spec: TranslationTrainingSpec, owner: Mapp
 
 def staging_sources(spec: TranslationTrainingSpec) -> list:
     return [source for _, source in spec.staging_sources()]
+
+
+def prepares_before_training(spec: TranslationTrainingSpec) -> bool:
+    return spec.mode == "train" and spec.data.prepare == "BeforeTraining"
+
+
+def has_stage_job(spec: TranslationTrainingSpec) -> bool:
+    return bool(staging_sources(spec)) or prepares_before_training(spec)
 
 
 def stage_refused_rule() -> dict:
@@ -515,14 +525,21 @@ def staging_credentials_env(spec: TranslationTrainingSpec) -> list[dict]:
 
 def stage_container(spec: TranslationTrainingSpec, names: Names, mounts: list[dict]) -> dict:
     """`rosetta stage` in the trainer image: the stage job's container, and in mode evaluate the
-    evaluation pod's init container."""
+    evaluation pod's init container. With data.prepare: BeforeTraining it then tokenizes the
+    training data into the training's output, with the CPU and memory a gang pod would have."""
     env = [{"name": "ROSETTA_TRAINING", "value": names.training},
            {"name": "ROSETTA_CONFIG", "value": f"{CONFIG_DIR}/{CONFIG_KEY}"},
            {"name": "CUDA_VISIBLE_DEVICES", "value": ""}]
+    command = ["python", "-m", "rosetta_trainer", "stage", "-f", "$(ROSETTA_CONFIG)"]
+    resources = STAGE_RESOURCES
+    if prepares_before_training(spec):
+        env.append({"name": "ROSETTA_OUTPUT", "value": f"{output_mount(spec)}/{names.training}"})
+        command += ["--prepare", "$(ROSETTA_OUTPUT)"]
+        resources = prepare_resources(spec)
     container = {
         "name": STAGE_JOB, "image": spec.image,
-        "command": ["python", "-m", "rosetta_trainer", "stage", "-f", "$(ROSETTA_CONFIG)"],
-        "env": env + staging_credentials_env(spec) + user_env(spec), "resources": STAGE_RESOURCES,
+        "command": command,
+        "env": env + staging_credentials_env(spec) + user_env(spec), "resources": resources,
         "securityContext": container_security_context(),
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": mounts,
@@ -532,10 +549,19 @@ def stage_container(spec: TranslationTrainingSpec, names: Names, mounts: list[di
     return container
 
 
+def prepare_resources(spec: TranslationTrainingSpec) -> dict:
+    """A gang pod's CPU and memory (tokenizing uses every core it gets), no accelerator; the stage
+    default where the spec sets none."""
+    requests = {"cpu": spec.resources.cpu or STAGE_RESOURCES["requests"]["cpu"],
+                "memory": spec.resources.memory or STAGE_RESOURCES["requests"]["memory"]}
+    return {"requests": requests, "limits": {"memory": spec.resources.memory or STAGE_RESOURCES["limits"]["memory"]}}
+
+
 def stage_job(spec: TranslationTrainingSpec, names: Names, labels: dict, pod_volumes: list[dict],
               mounts: list[dict]) -> dict | None:
-    """The replicated job that runs `rosetta stage` once before the gang; None without a source."""
-    if not staging_sources(spec):
+    """The replicated job that runs `rosetta stage` once before the gang; None without a source
+    or data to prepare."""
+    if not has_stage_job(spec):
         return None
     keep = {v["name"] for v in pod_volumes if v["name"] != "dshm"}
     node_selector, tolerations = scheduling(spec)  # wherever the gang may run, the stage pod may too

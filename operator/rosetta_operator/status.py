@@ -168,6 +168,20 @@ def staging(jobset: Mapping) -> bool:
     return int(_stage_status(jobset).get("succeeded") or 0) < 1
 
 
+def stage_work(jobset: Mapping) -> str:
+    """What the stage job does, read from its command (`rosetta stage [--prepare OUTPUT]`)."""
+    stage: Mapping = next((rj for rj in (jobset.get("spec") or {}).get("replicatedJobs") or [] if rj.get("name") == STAGE_JOB), {})
+    containers = ((((stage.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec") or {}) \
+        .get("containers") or [{}]
+    command = containers[0].get("command") or []
+    copying = "copying model.source/data.source onto the shared volume"
+    if "--prepare" not in command:
+        return copying
+    env = {e.get("name"): e.get("value") for e in containers[0].get("env") or []}
+    return (f"tokenizing the training data into {env.get('ROSETTA_OUTPUT', 'the output')}/prepared "
+            "(after copying model.source/data.source, where the spec has them)")
+
+
 def _jobset_conditions(running: Cond, suspended: Cond, succeeded: Cond, failed: Cond) -> tuple[Cond, ...]:
     return (running, suspended, succeeded, failed)
 
@@ -357,7 +371,7 @@ def observe_jobset(jobset: Optional[Mapping], *, previous_phase: Optional[str] =
         reason = Reason.RESTARTING
         phase = Phase.RESTARTING
     elif staging(jobset):
-        message = "staging: copying model.source/data.source onto the shared volume before the gang starts"
+        message = f"staging: {stage_work(jobset)} before the gang starts"
         reason = Reason.JOBS_STARTING
         phase = Phase.PENDING
     else:

@@ -34,18 +34,39 @@ def pod_log(cluster, namespace: str, pod: str) -> str:
     return kubectl(cluster, "logs", "-n", namespace, pod, "--tail", "40").stdout
 
 
+def full_log(cluster, namespace: str, pod: str) -> str:
+    return kubectl(cluster, "logs", "-n", namespace, pod).stdout
+
+
+def gang_pods(cluster, namespace: str, name: str) -> list:
+    return [p for p in running_pods(cluster, namespace, name)
+            if p.metadata.labels.get("jobset.sigs.k8s.io/replicatedjob-name") == "node"]
+
+
 def test_quickstart_cpu_trains_on_two_real_pods_and_resumes_after_one_is_deleted(
         node_cluster, node_namespace, node_operator, tmp_path):
     docs = documents(QUICKSTART)
     name = docs["TranslationTraining"]["metadata"]["name"]
     checkpoint_every = docs["TranslationTraining"]["spec"]["checkpoint"]["interval"]
+    # The stage job trains the tokenizer and tokenizes the corpus before the gang starts.
+    docs["TranslationTraining"]["spec"]["data"]["prepare"] = "BeforeTraining"
     storage = tmp_path / "rwx"  # the example's own claim binds to this volume
     bound_volume(node_cluster, node_namespace, docs["PersistentVolumeClaim"]["metadata"]["name"], storage)
-    applied = kubectl(node_cluster, "apply", "-n", node_namespace, "-f", str(QUICKSTART))
+    applied = kubectl(node_cluster, "apply", "-n", node_namespace, "-f", "-",
+                      stdin=yaml.safe_dump_all(docs.values()))
     assert applied.returncode == 0, applied.stderr
 
-    pods = wait_for(lambda: (p := running_pods(node_cluster, node_namespace, name)) and len(p) == 2 and p,
-                    "both pods Running on the real node", timeout=300)
+    pods = wait_for(lambda: (p := gang_pods(node_cluster, node_namespace, name)) and len(p) == 2 and p,
+                    "both pods Running on the real node", timeout=420)
+    # The stage pod had finished: the gang reused its tokenizer and mapped its ids.
+    (prepared,) = [d for d in (storage / name / "prepared").iterdir() if (d / "COMPLETE").exists()]
+    assert (storage / name / "tokenizer" / "rosetta-trained-from.json").exists()
+    rank0 = next(p for p in pods if (p.metadata.annotations or {}).get(COMPLETION_INDEX) == "0")
+    started = wait_for(lambda: "the training text was not read" in (log := full_log(node_cluster, node_namespace,
+                                                                                 rank0.metadata.name)) and log,
+                       "rank 0 mapping the prepared data", timeout=300)
+    assert "tokenizer: reusing" in started and f"prepared/{prepared.name}" in started
+    assert "tokenized and wrote" not in started
     subnet = ipaddress.ip_network(real_node.POD_SUBNET)
     addresses = {p.status.pod_ip for p in pods}
     assert len(addresses) == 2 and all(ipaddress.ip_address(a) in subnet for a in addresses), addresses

@@ -118,3 +118,18 @@ def test_ctrl_c_stops_every_pod_after_a_checkpoint(tmp_path):
     summary = json.loads((run_dir / "volumes" / "runs" / "tiny" / "summary.json").read_text())
     assert summary["stopped_early"] is True
     assert (ckpts / f"step-{summary['steps']:08d}" / "COMPLETE").exists()
+
+
+def test_with_prepare_before_training_the_stage_pod_tokenizes_and_the_gang_reads_no_training_text(tmp_path):
+    cfg = write_training(tmp_path, {"training": {"maxSteps": 4}, "checkpoint": {"interval": 4},
+                                    "evaluation": {"interval": 4}, "data": {"prepare": "BeforeTraining"}})
+    volume = tmp_path / "shared-volume"
+    proc = rosetta_run(["-f", str(cfg), "--output", str(tmp_path / "run"), "--volume", f"runs={volume}"])
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-4000:]
+    assert "then preparing the training data" in out
+    stage_log = (tmp_path / "run" / "logs" / "tiny-stage-0-0.log").read_text()
+    assert f"prepared: {volume}/tiny/prepared/" in stage_log, stage_log
+    rank0 = (tmp_path / "run" / "logs" / "tiny-node-0-0.log").read_text()
+    assert "tokenizer: reusing" in rank0 and "the training text was not read" in rank0, rank0[-3000:]
+    assert json.loads((volume / "tiny" / "summary.json").read_text())["steps"] == 4

@@ -46,13 +46,15 @@ def test_prepare_then_train_maps_and_matches_the_in_memory_run(write_config, tmp
     printed = capsys.readouterr().out
     assert f"prepared: {out / shards.PREPARED_DIR}" in printed and "pairs: 800" in printed
 
-    caplog.set_level(logging.INFO, logger="rosetta_trainer.shards")
+    caplog.set_level(logging.INFO, logger="rosetta_trainer")
     # Only the training's own lines: whether `prepare`'s were captured above depends on the logging
     # set-up earlier tests in the session left behind.
     caplog.clear()
     first = train_from_file(cfg, str(out), overrides=[f"spec.training.maxSteps={n}"], progress=False)
     assert first["steps"] == n
-    assert "training data: mapped prepared 800 pairs" in caplog.text
+    # The tokenizer `prepare` trained, and the ids it wrote: the training read no training text.
+    assert f"tokenizer: reusing {out / 'tokenizer'}" in caplog.text
+    assert "training data: mapped prepared 800 pairs" in caplog.text and "the training text was not read" in caplog.text
     assert "tokenized and wrote" not in caplog.text
     second = train_from_file(cfg, str(out), overrides=[f"spec.training.maxSteps={2 * n}"], progress=False)
     assert second["resumed_from_step"] == n
@@ -146,3 +148,26 @@ def test_a_bad_training_file_stops_every_rank_with_the_one_reader_s_message(tmp_
     assert message in log.read_text()
     assert not (tmp_path / "out" / shards.PREPARED_DIR).exists() or not [
         p for p in (tmp_path / "out" / shards.PREPARED_DIR).iterdir() if not p.name.startswith(".")]
+
+
+def test_the_stage_job_s_prepare_serves_the_training_until_the_tokenizer_settings_change(
+        write_config, tmp_path, caplog, capsys):
+    """`rosetta stage --prepare OUTPUT` is the stage job of data.prepare: BeforeTraining."""
+    cfg = str(write_config())
+    out = tmp_path / "run"
+    assert main(["stage", "-f", cfg, "--prepare", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "nothing to stage" in printed and f"prepared: {out / shards.PREPARED_DIR}" in printed
+    caplog.set_level(logging.INFO, logger="rosetta_trainer")
+    caplog.clear()
+    train_from_file(cfg, str(out), overrides=["spec.training.maxSteps=2"], progress=False)
+    assert "tokenizer: reusing" in caplog.text and "the training text was not read" in caplog.text
+
+    # Other tokenizer settings: a new tokenizer, so new ids, written by the training itself.
+    caplog.clear()
+    other = tmp_path / "other"
+    assert main(["stage", "-f", cfg, "--prepare", str(other)]) == 0
+    train_from_file(cfg, str(other), overrides=["spec.training.maxSteps=2", "spec.tokenizer.train.vocabSize=280"],
+                    progress=False)
+    assert "tokenizer: reusing" not in caplog.text
+    assert "training data: tokenized and wrote 800 pairs" in caplog.text

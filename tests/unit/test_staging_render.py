@@ -139,6 +139,65 @@ def test_a_user_offline_setting_is_kept():
     assert [e for e in env if e["name"] == "HF_HUB_OFFLINE"] == [{"name": "HF_HUB_OFFLINE", "value": "0"}]
 
 
+# ------------------------------------------------------------ data.prepare: BeforeTraining
+
+
+def prepared_spec(**patch):
+    raw = copy.deepcopy(SPEC)
+    raw["data"] = {**raw["data"], "prepare": "BeforeTraining"}
+    return parse_spec({**raw, **patch})
+
+
+def test_preparing_before_training_alone_makes_a_stage_job_that_tokenizes_into_the_output():
+    spec = prepared_spec(resources={"cpu": 6, "memory": "24Gi"})
+    rendered = render(NAME, NS, spec)
+    assert [j["name"] for j in rendered.jobset["spec"]["replicatedJobs"]] == [STAGE_JOB, "node"]
+    stage, gang = jobs(spec)[STAGE_JOB], jobs(spec)["node"]
+    assert gang["dependsOn"] == [{"name": STAGE_JOB, "status": "Complete"}]
+    (container,) = stage["template"]["spec"]["template"]["spec"]["containers"]
+    assert container["command"][-2:] == ["--prepare", "$(ROSETTA_OUTPUT)"]
+    stage_env = {e["name"]: e.get("value") for e in container["env"]}
+    gang_env = {e["name"]: e.get("value") for e in gang["template"]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert stage_env["ROSETTA_OUTPUT"] == gang_env["ROSETTA_OUTPUT"] == f"/runs/{NAME}"
+    # Tokenizing takes the cores a gang pod would have, and no GPU.
+    assert container["resources"] == {"requests": {"cpu": "6", "memory": "24Gi"}, "limits": {"memory": "24Gi"}}
+    # Nothing is staged, so the gang may still reach the hub.
+    assert "HF_HUB_OFFLINE" not in gang_env
+    rules = {r["name"] for r in rendered.jobset["spec"]["failurePolicy"]["rules"]}
+    assert rules == {"stage_refused", "preemption"}  # a data error in the stage pod fails at once
+    assert not schema_errors(jobset_schema(), rendered.jobset, skip=("metadata",))
+
+
+def test_preparing_and_staging_are_one_stage_job():
+    raw = copy.deepcopy(SPEC)
+    raw["volumes"] = [*raw["volumes"], MODELS]
+    raw["model"] = MODEL
+    raw.pop("tokenizer", None)
+    raw["data"] = {**raw["data"], "prepare": "BeforeTraining"}
+    stage = jobs(parse_spec(raw))[STAGE_JOB]
+    (container,) = stage["template"]["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["python", "-m", "rosetta_trainer", "stage", "-f", "$(ROSETTA_CONFIG)",
+                                    "--prepare", "$(ROSETTA_OUTPUT)"]
+
+
+def test_preparing_before_training_needs_the_checkpoints_on_a_claim():
+    raw = copy.deepcopy(SPEC)
+    raw.update(nodes=1, volumes=[])
+    raw["data"] = {**raw["data"], "prepare": "BeforeTraining"}
+    with pytest.raises(ConfigError) as info:
+        parse_spec(raw)
+    (field, message), = info.value.errors
+    assert field == "spec" and "data.prepare: BeforeTraining" in message and "no volume has purpose: checkpoints" in message
+
+
+def test_while_preparing_the_status_says_where_the_data_goes():
+    js = render(NAME, NS, prepared_spec()).jobset
+    js["status"] = {"replicatedJobsStatus": [{"name": STAGE_JOB, "active": 1}, {"name": "node"}]}
+    observed = st.observe_jobset(js)
+    assert observed.phase == st.Phase.PENDING
+    assert observed.message.startswith(f"staging: tokenizing the training data into /runs/{NAME}/prepared")
+
+
 # -------------------------------------------------------------------------------- status
 
 

@@ -88,22 +88,18 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
         raise ValueError("spec.data.train: no training examples")
     use_prefix = spec.uses_task_prefix()
     identity = data_identity(d, use_prefix=use_prefix)
-    tokenizer = found = None
-    if not _trains_tokenizer(spec, resume_from):
-        tokenizer = _prepare_tokenizer(spec, None, output, world, resume_from)
-        found = find_prepared(output / PREPARED_DIR, identity, tokenizer, d.max_source_length,
-                              d.max_target_length, world)
-    data = read_checked(d, train_report=found[1] if found else None, read_train=False)
+    data = read_checked(d, read_train=False)
+    text = data.training_text.pairs(use_prefix)
+    # 2. tokenizer: the checkpoint's, the named one, or trained once by rank 0 (or reused when
+    # trained from these very files before, e.g. by `rosetta prepare`), then sent to every rank
+    tokenizer = _prepare_tokenizer(spec, text, output, world, resume_from, identity)
+    found = find_prepared(output / PREPARED_DIR, identity, tokenizer, d.max_source_length, d.max_target_length, world)
     if found:
-        corpus = found[0]
+        corpus, report = found
     else:
-        text = data.training_text.pairs(use_prefix)
-        # 2. tokenizer (trained once by rank 0, then sent to every rank)
-        if tokenizer is None:
-            tokenizer = _prepare_tokenizer(spec, text, output, world, resume_from)
         corpus, report = prepare_corpus(output / PREPARED_DIR, tokenizer, text, d.max_source_length,
                                         d.max_target_length, world, identity=identity)
-        data.reports["train"] = SplitReport.from_dict(report)
+    data.reports["train"] = SplitReport.from_dict(report)
     log.info("data: %s", describe(data))
     for warning in data.warnings:
         log.warning("%s", warning)
@@ -193,20 +189,19 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
         del torch
 
 
-def _trains_tokenizer(spec, resume_from) -> bool:
-    """Whether this start trains its tokenizer from the training text (see _prepare_tokenizer)."""
-    return resume_from is None and spec.tokenizer.path is None and spec.tokenizer.train is not None
-
-
-def _prepare_tokenizer(spec, text, output: Path, world, resume_from):
+def _prepare_tokenizer(spec, text, output: Path, world, resume_from, identity: str | None = None):
     """A resumed run reuses its checkpoint's tokenizer; a new one is trained by rank 0 only, from
     `text` ((source, target) pairs, read as they stream), which saves it to <output>/tokenizer and
     sends its files to the other ranks: they load it from a private directory, so no rank needs
-    to see rank 0's output (a pod's own disk on another node)."""
+    to see rank 0's output (a pod's own disk on another node). A tokenizer <output>/tokenizer
+    holds already, trained with these settings from data files of this `identity`
+    (data_identity.py), is reused without reading the text: the one `rosetta prepare` (the stage
+    job of data.prepare: BeforeTraining) trained before the training started."""
     import tempfile
 
     from rosetta_trainer.distributed import broadcast_object, failure, raise_failures
     from rosetta_trainer.tokenization import load_tokenizer, train_tokenizer
+    from rosetta_trainer.tokenizer_reuse import forget, remember, reusable, trained_from
 
     if resume_from is not None:
         return load_tokenizer(str(resume_from / "tokenizer"))
@@ -218,7 +213,14 @@ def _prepare_tokenizer(spec, text, output: Path, world, resume_from):
     files = failed = None
     if world.is_main:
         try:
-            train_tokenizer(spec.tokenizer.train, text, out)
+            record = trained_from(spec.tokenizer.train, identity)
+            if reusable(out, record):
+                logging.getLogger("rosetta_trainer").info(
+                    "tokenizer: reusing %s, trained with these settings from these data files", out)
+            else:
+                forget(out)  # a tokenizer half-overwritten below must not pass for the old one
+                train_tokenizer(spec.tokenizer.train, text, out)
+                remember(out, record)
         except Exception as exc:  # reading the text can fail: the other ranks must hear of it
             if not world.distributed:
                 raise

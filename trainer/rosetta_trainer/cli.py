@@ -69,6 +69,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("stage", help="copy model.source and data.source into place (before training, once)")
     add_document_arguments(p)
+    p.add_argument("--prepare", metavar="OUTPUT",
+                   help="then tokenize the training data into OUTPUT/prepared/, as `prepare -o OUTPUT` does")
     p.set_defaults(func=_cmd_stage)
 
     p = sub.add_parser("evaluate", help="evaluate a saved checkpoint, exported or pretrained model")

@@ -127,7 +127,9 @@ def _copy_hub(source: StagingSpec, into: Path) -> int:
 
 
 def stage_command(args) -> int:
-    """`rosetta stage`: copy the spec's model.source and data.source into place (the stage job)."""
+    """`rosetta stage`: copy the spec's model.source and data.source into place (the stage job);
+    with --prepare OUTPUT, then prepare the training data as `rosetta prepare -o OUTPUT` does
+    (data.prepare: BeforeTraining), from what was just copied."""
     from rosetta_contract.spec import load_for_trainer
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -138,4 +140,8 @@ def stage_command(args) -> int:
     for entry in done:
         state = f"copied {entry['files']} files" if entry["copied"] else "already there"
         print(f"{entry['what']}: {entry['uri']} -> {entry['path']} ({state})", flush=True)
+    if args.prepare:
+        from rosetta_trainer.shards import prepare_training
+
+        prepare_training(spec, Path(args.prepare))
     return 0

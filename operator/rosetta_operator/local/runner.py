@@ -82,6 +82,12 @@ def run_evaluation(job: dict, mounts, out: Path, warn, only: bool = False) -> di
     return evaluation
 
 
+def stage_work(argv: list[str]) -> str:
+    if "--prepare" in argv:
+        return "staging model.source/data.source (where set), then preparing the training data"
+    return "staging model.source/data.source"
+
+
 def run_stage(pod, out: Path, warn) -> bool:
     """The JobSet's stage job, here: `rosetta stage` once, before the pods; whether it succeeded.
     Its refusal (a source that is not there) is what the operator would report as DataInvalid."""
@@ -89,7 +95,7 @@ def run_stage(pod, out: Path, warn) -> bool:
     message_file.unlink(missing_ok=True)
     log = out / "logs" / f"{pod.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    print(f"[rosetta run] staging model.source/data.source ({log})", flush=True)
+    print(f"[rosetta run] stage job: {stage_work(pod.argv)} ({log})", flush=True)
     with open(log, "a", encoding="utf-8") as f:
         code = subprocess.run(pod.argv, env={**os.environ, **pod.env, "ROSETTA_TERMINATION_LOG": str(message_file)},
                               stdout=f, stderr=subprocess.STDOUT).returncode
