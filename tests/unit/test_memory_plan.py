@@ -19,7 +19,9 @@ from transformers import AutoModelForSeq2SeqLM, T5Config
 
 from rosetta_cli.main import main
 from rosetta_trainer import memory_plan as mp
-from rosetta_trainer.memory_plan import Batch, Cluster, GiB, Setting
+from rosetta_trainer import plan_inputs as pi
+from rosetta_trainer.memory_plan import Batch, Setting
+from rosetta_trainer.plan_inputs import Cluster, GiB
 
 # A tiny T5 whose parameter count is derived by hand below.
 V, H, KV, HEADS, FF, LAYERS, BUCKETS = 1000, 64, 16, 4, 256, 2, 32
@@ -50,8 +52,8 @@ LARGEST = V * H  # the shared embedding
 
 
 @pytest.fixture(scope="module")
-def shape() -> mp.ModelShape:
-    return mp.shape_of_config(tiny_t5())
+def shape() -> pi.ModelShape:
+    return pi.shape_of_config(tiny_t5())
 
 
 def test_parameter_counts_are_exact(shape):
@@ -63,16 +65,16 @@ def test_parameter_counts_are_exact(shape):
 
 def test_builtin_table_gives_the_published_t5_small():
     # 60,506,624 is t5-small's published size (embedding tied to the LM head).
-    shape = mp.shape_of_config(mp.builtin_config("google-t5/t5-small"))
+    shape = pi.shape_of_config(pi.builtin_config("google-t5/t5-small"))
     assert shape.params == 60_506_624
     assert shape.largest_layer == 32128 * 512
-    assert mp.builtin_config("t5-xxl-does-not-exist") is None
+    assert pi.builtin_config("t5-xxl-does-not-exist") is None
 
 
 def test_flan_t5_counts_its_separate_lm_head():
     # flan-t5-small's published size: 76,961,152, of which 32128 × 512 is its own LM head
     # (transformers 5 builds the config tied; the planner unties it as loading the weights does).
-    shape = mp.shape_of_config(mp.builtin_config("google/flan-t5-small"))
+    shape = pi.shape_of_config(pi.builtin_config("google/flan-t5-small"))
     assert shape.params == 76_961_152
 
 
@@ -184,7 +186,7 @@ def test_activation_estimate_is_near_what_a_real_forward_saves():
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
         logits = model(input_ids=ids, decoder_input_ids=model.prepare_decoder_input_ids_from_labels(labels=labels)).logits
         F.cross_entropy(logits.float().view(-1, 2000), labels.view(-1), label_smoothing=0.1)
-    estimate = mp.activation_bytes(mp.shape_of_config(config), Batch(b, s, t, "fp32", "eager"))
+    estimate = mp.activation_bytes(pi.shape_of_config(config), Batch(b, s, t, "fp32", "eager"))
     logits_gradient = 4 * b * t * 2000  # counted by the estimate, allocated only by the backward
     assert 0.6 <= (estimate - logits_gradient) / sum(saved.values()) <= 1.3
 
@@ -205,7 +207,7 @@ def plan_with(shape, gpu_gib: float, requested: Setting = DDP, node_gib: float |
     return mp.make_plan(shape, Batch(1, 8, 8, "bf16", "sdpa"), cluster, requested)
 
 
-def scaled(shape, factor: int) -> mp.ModelShape:
+def scaled(shape, factor: int) -> pi.ModelShape:
     """The tiny model's architecture with factor× the parameters: figures in GiB, not KiB."""
     from dataclasses import replace
 
@@ -269,17 +271,17 @@ def test_spec_setting_follows_the_raw_deepspeed_config():
     ({}, 80, "assumed"),
 ])
 def test_gpu_memory_from_the_cluster_fields(cluster_fields, expected_gib, source):
-    cluster = mp.cluster_of(mp_spec(**cluster_fields))
+    cluster = pi.cluster_of(mp_spec(**cluster_fields))
     assert cluster.gpu_memory == expected_gib * GiB and source in cluster.gpu_memory_source
-    assert mp.cluster_of(mp_spec(**cluster_fields), "24GiB").gpu_memory == 24 * GiB
+    assert pi.cluster_of(mp_spec(**cluster_fields), "24GiB").gpu_memory == 24 * GiB
 
 
 def test_sizes_parse_and_bad_ones_say_what_is_expected():
-    assert mp.parse_bytes("80GiB", "x") == 80 * GiB
-    assert mp.parse_bytes("1800Gi", "x") == 1800 * GiB
-    assert mp.parse_bytes("40GB", "x") == 40 * 10**9
+    assert pi.parse_bytes("80GiB", "x") == 80 * GiB
+    assert pi.parse_bytes("1800Gi", "x") == 1800 * GiB
+    assert pi.parse_bytes("40GB", "x") == 40 * 10**9
     with pytest.raises(ValueError, match="--gpu-memory: 'lots' is not a size like 80GiB"):
-        mp.parse_bytes("lots", "--gpu-memory")
+        pi.parse_bytes("lots", "--gpu-memory")
 
 
 # ---------------------------------------------------------------------------------- CLI
@@ -331,8 +333,8 @@ def test_plan_json_parses_and_agrees_with_the_table(tmp_path, capsys):
     assert plan["requested"] == "DDP" and plan["recommended"] == "DDP"
     ddp = plan["settings"][0]["gpu"]
     assert ddp["total"] == pytest.approx(sum(v for k, v in ddp.items() if k != "total"), abs=4)
-    assert plan["model"]["params"] == mp.shape_of_config(
-        mp.model_config(mp_spec())[0]).params
+    assert plan["model"]["params"] == pi.shape_of_config(
+        pi.model_config(mp_spec())[0]).params
 
 
 def test_plan_says_why_it_cannot_plan(tmp_path, capsys):

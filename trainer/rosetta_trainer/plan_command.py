@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
-from rosetta_trainer.memory_plan import GiB, Plan, PlanSkipped, format_gib, plan_spec
+from rosetta_trainer.memory_plan import Plan, format_gib, plan_spec
+from rosetta_trainer.plan_inputs import GiB, PlanSkipped
 
 
 def render(plan: Plan, console) -> None:
