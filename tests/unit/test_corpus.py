@@ -7,7 +7,9 @@ import gzip
 import pytest
 
 from rosetta_trainer import corpus
-from rosetta_trainer.corpus import generate_pairs, number_words, write_pairs
+from rosetta_trainer import number_words as nw
+from rosetta_trainer.corpus import generate_pairs, write_pairs
+from rosetta_trainer.number_words import number_words
 
 
 def test_generate_pairs_is_deterministic():
@@ -103,16 +105,16 @@ def test_english_numbers(n, words):
 
 
 def test_spanish_and_french_agreement_before_nouns():
-    assert corpus._es_cardinal(21, "f") == "veintiuna"
-    assert corpus._es_cardinal(21, "m") == "veintiún"
-    assert corpus._es_cardinal(31, "f") == "treinta y una"
-    assert corpus._es_cardinal(31, "m") == "treinta y un"
-    assert corpus._es_cardinal(231, "f") == "doscientas treinta y una"
-    assert corpus._es_cardinal(700, "f") == "setecientas"
-    assert corpus._es_cardinal(1000, "f") == "mil"
-    assert corpus._fr_cardinal(21, True) == "vingt et une"
-    assert corpus._fr_cardinal(81, True) == "quatre-vingt-une"
-    assert corpus._fr_cardinal(71, True) == "soixante et onze"
+    assert nw.es_cardinal(21, "f") == "veintiuna"
+    assert nw.es_cardinal(21, "m") == "veintiún"
+    assert nw.es_cardinal(31, "f") == "treinta y una"
+    assert nw.es_cardinal(31, "m") == "treinta y un"
+    assert nw.es_cardinal(231, "f") == "doscientas treinta y una"
+    assert nw.es_cardinal(700, "f") == "setecientas"
+    assert nw.es_cardinal(1000, "f") == "mil"
+    assert nw.fr_cardinal(21, True) == "vingt et une"
+    assert nw.fr_cardinal(81, True) == "quatre-vingt-une"
+    assert nw.fr_cardinal(71, True) == "soixante et onze"
 
 
 def test_agreement_in_generated_sentences():
@@ -133,19 +135,19 @@ def test_agreement_in_generated_sentences():
 
 
 def test_dates_and_years():
-    assert corpus._de_ordinal_dative(1) == "ersten"
-    assert corpus._de_ordinal_dative(3) == "dritten"
-    assert corpus._de_ordinal_dative(7) == "siebten"
-    assert corpus._de_ordinal_dative(21) == "einundzwanzigsten"
-    assert corpus._de_year(1984) == "neunzehnhundertvierundachtzig"
-    assert corpus._de_year(2005) == "zweitausendfünf"
-    assert corpus._en_year(1905) == "nineteen oh five"
-    assert corpus._en_year(1900) == "nineteen hundred"
-    assert corpus._en_year(2007) == "two thousand and seven"
-    assert corpus._en_ordinal(20) == "twentieth"
-    assert corpus._en_ordinal(22) == "twenty-second"
-    assert corpus._fr_day(1) == "premier"
-    assert corpus._es_day(1) == "primero"
+    assert nw.de_ordinal_dative(1) == "ersten"
+    assert nw.de_ordinal_dative(3) == "dritten"
+    assert nw.de_ordinal_dative(7) == "siebten"
+    assert nw.de_ordinal_dative(21) == "einundzwanzigsten"
+    assert nw.de_year(1984) == "neunzehnhundertvierundachtzig"
+    assert nw.de_year(2005) == "zweitausendfünf"
+    assert nw.en_year(1905) == "nineteen oh five"
+    assert nw.en_year(1900) == "nineteen hundred"
+    assert nw.en_year(2007) == "two thousand and seven"
+    assert nw.en_ordinal(20) == "twentieth"
+    assert nw.en_ordinal(22) == "twenty-second"
+    assert nw.fr_day(1) == "premier"
+    assert nw.es_day(1) == "primero"
 
 
 def test_number_words_range_and_lang():
