@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import datetime
 import json
+import logging
 from typing import Callable, Mapping, NamedTuple, Optional, cast
 
 import kopf
@@ -20,8 +21,12 @@ from kubernetes.client.rest import ApiException
 from rosetta_contract.resource import GROUP, KIND, PLURAL, VERSION
 from rosetta_operator import status as st
 from rosetta_operator.operator_metrics import JOBSETS_CREATED, STATUS_PATCHES, observe_time_to_running
+from rosetta_operator.render import TRAINING_LABEL
 
 JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
+KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_PLURAL = "kueue.x-k8s.io", "v1beta1", "workloads"
+# Kueue labels each Workload with the uid of the job it admits.
+KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 
 
 def now() -> str:
@@ -203,3 +208,43 @@ def api_message(exc: ApiException, limit: int = 800) -> str:
         pass
     text = " ".join((message or f"{exc.status} {exc.reason or ''}").split())
     return st.truncate(text, limit)
+
+
+# ------------------------------------------------------------------------------ Kueue
+
+
+def jobset_and_training(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str,
+                         jobset_uid: Optional[str] = None) -> tuple[Optional[dict], Optional[Mapping]]:
+    """The JobSet and the ownerReference of its TranslationTraining; (…, None) when it is not one
+    of ours (or no longer the one `jobset_uid` names)."""
+    jobset = get_jobset(api, namespace, jobset_name)
+    if jobset is None or (jobset_uid and jobset["metadata"].get("uid") != jobset_uid) \
+            or TRAINING_LABEL not in (jobset["metadata"].get("labels") or {}):
+        return jobset, None
+    return jobset, owner_ref(jobset)
+
+
+def hold_in_queue(api: kubernetes.client.ApiClient, namespace: str, jobset: Mapping, hold: bool) -> None:
+    """Deactivate (hold) or reactivate the Kueue Workload of a queued JobSet."""
+    workload = get_workload(api, namespace, jobset)
+    if workload is None:
+        # Kueue makes the Workload moments after the JobSet; the edit is applied once it exists.
+        raise kopf.TemporaryError(f"Kueue has no Workload for JobSet {jobset['metadata']['name']} yet", delay=2)
+    kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        KUEUE_GROUP, KUEUE_VERSION, namespace, WORKLOAD_PLURAL, workload["metadata"]["name"],
+        {"spec": {"active": not hold}})
+
+
+def get_workload(api: kubernetes.client.ApiClient, namespace: str, jobset: Mapping) -> Optional[dict]:
+    """Kueue's Workload for the JobSet, None when there is none yet or Kueue is not installed."""
+    try:
+        listed = cast(dict, kubernetes.client.CustomObjectsApi(api).list_namespaced_custom_object(
+            KUEUE_GROUP, KUEUE_VERSION, namespace, WORKLOAD_PLURAL,
+            label_selector=f"{KUEUE_JOB_UID_LABEL}={jobset['metadata'].get('uid')}"))
+    except ApiException as exc:
+        if exc.status != 404:  # 404: no Kueue in this cluster, the queue label is only a label
+            logging.getLogger(__name__).warning("cannot list the Kueue Workloads in %s: %s", namespace, exc.reason)
+        return None
+    items = listed.get("items") or []
+    # A re-created Workload (e.g. after its JobSet's spec changed) replaces the older one.
+    return max(items, key=lambda w: w["metadata"].get("creationTimestamp") or "", default=None)

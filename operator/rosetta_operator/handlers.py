@@ -1,8 +1,11 @@
 """The kopf handlers: what the operator does on each event (spec.py → render.py → status.py).
 
-Beside it: api_calls.py (the writes: status, JobSet, ConfigMap, refusals), operator_metrics.py (the
-operator's Prometheus metrics and the instrumented wrapper), event_memory.py (what repeats cost
-nothing), progress.py and scrape.py (rank 0's metrics → status.progress).
+Only the kopf registrations and what they decide live here; beside it: api_calls.py (the API calls:
+status, JobSet, ConfigMap, refusals, Kueue Workloads), observation.py (the status a JobSet's state
+means), applied_spec.py (the spec a JobSet was built from, which edits are measured against),
+operator_metrics.py (the operator's Prometheus metrics and the instrumented wrapper),
+event_memory.py (what repeats cost nothing), progress_round.py with progress.py and scrape.py
+(rank 0's metrics → status.progress).
 
     TranslationTraining created / resumed / spec changed  →  reconcile()
         invalid spec       → status Failed + condition Valid=False (InvalidSpec) + Warning event; nothing created
@@ -37,25 +40,28 @@ import os
 import random
 import sys
 import time
-from typing import Any, Mapping, Optional, cast
+from typing import Any, Mapping, Optional
 
 import kopf
 import kubernetes
 import prometheus_client
 from kubernetes.client.rest import ApiException
 
-from rosetta_contract.config import MetricsSpec
 from rosetta_contract.resource import API_VERSION, GROUP, KIND, PLURAL, VERSION
-from rosetta_contract.spec import TranslationTrainingSpec, parse_spec, parse_training, plain
+from rosetta_contract.spec import TranslationTrainingSpec, parse_training
 from rosetta_contract.strict_model import ConfigError
+from rosetta_operator import evaluation_status as es
 from rosetta_operator import policy as pol
 from rosetta_operator import progress as pr
-from rosetta_operator import scrape
 from rosetta_operator import status as st
 from rosetta_operator.api_calls import (
     JOBSET_GROUP,
     JOBSET_PLURAL,
     JOBSET_VERSION,
+    KUEUE_GROUP,
+    KUEUE_JOB_UID_LABEL,
+    KUEUE_VERSION,
+    WORKLOAD_PLURAL,
     check_owned,
     create_jobset,
     create_refusal,
@@ -63,14 +69,23 @@ from rosetta_operator.api_calls import (
     first_attempt_only,
     get_jobset,
     get_training,
+    hold_in_queue,
+    jobset_and_training,
     now,
     owner_ref,
     patch_jobset,
-    set_jobset_suspend,
     write_status,
+)
+from rosetta_operator.applied_spec import (
+    APPLIED_SPEC,
+    applied_spec_of,
+    parsed_spec,
+    with_default_image,
+    without_mutable,
 )
 from rosetta_operator.evaluation_job import EVALUATION_LABEL, required_evaluation_job
 from rosetta_operator.event_memory import Decisions, OwnCreations
+from rosetta_operator.observation import jobset_finished, observe
 from rosetta_operator.operator_metrics import (
     PROGRESS_SCRAPES,
     RECONCILE_ERRORS,
@@ -82,6 +97,7 @@ from rosetta_operator.operator_metrics import (
     record_outcome,
     reset_phase_gauges,
 )
+from rosetta_operator.progress_round import metrics_port, update_progress
 from rosetta_operator.render import TRAINING_LABEL, render, suspend_patch
 
 # The apiserver stores JSON nested up to 10,000 levels (its decoder's limit) in the schemaless fields
@@ -90,15 +106,6 @@ from rosetta_operator.render import TRAINING_LABEL, render, suspend_patch
 # is refused with its field by spec.plain, which bounds the depth at strict_yaml.MAX_DEPTH.
 sys.setrecursionlimit(max(sys.getrecursionlimit(), 25_000))
 
-KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_PLURAL = "kueue.x-k8s.io", "v1beta1", "workloads"
-# Kueue labels each Workload with the uid of the job it admits.
-KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
-# What the JobSet was built from, minus spec.suspend: the baseline that refused changes are measured
-# against. Kept on the child, not in kopf's diffbase, so that reverting a refused change is recognised
-# and so that it survives operator restarts and kopf's own bookkeeping.
-APPLIED_SPEC = "rosetta.dev/applied-spec"
-# Changes that never need a new JobSet. Everything else would mean recreating a running gang.
-MUTABLE_FIELDS = frozenset({"suspend"})
 # Env knobs: the CLI flags --allow-host-path, --policy and --progress-interval reach kopf through memo,
 # `kopf run` through these.
 ALLOW_HOST_PATH_ENV = "ROSETTA_ALLOW_HOST_PATH"
@@ -110,11 +117,6 @@ DEFAULT_IMAGE_ENV = "ROSETTA_DEFAULT_IMAGE"
 # How soon a create that a ResourceQuota refused is tried again: quota frees up as other work ends.
 QUOTA_RETRY_DELAY = 30.0
 DEFAULT_PROGRESS_INTERVAL = 15.0
-# A trainer that does not answer this fast is busy or gone; the next round tries again. The whole
-# exchange, not each read (scrape.py); nor is more than SCRAPE_MAX_BYTES of an answer read.
-SCRAPE_TIMEOUT = scrape.TIMEOUT
-SCRAPE_MAX_BYTES = scrape.MAX_BYTES
-DEFAULT_METRICS_PORT = MetricsSpec.model_fields["port"].default
 # Phases whose JobSet may have a live rank 0 to scrape. Not Pending: that is "not every node's job
 # is ready", and no rank logs a step before the whole gang has joined, so a scrape could only say
 # no_pod or no_step; skipping it also spares a queued training kopf's finalizer patch. Restarting
@@ -225,7 +227,7 @@ def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str, uid: 
         return
 
     jobset_name = rendered.names.jobset
-    applied_spec = _without_mutable(spec)
+    applied_spec = without_mutable(spec)
     jobset = get_jobset(api, namespace, jobset_name)
     if jobset is None:
         rendered.jobset["metadata"].setdefault("annotations", {})[APPLIED_SPEC] = json.dumps(
@@ -250,11 +252,11 @@ def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str, uid: 
     else:
         check_owned(api, body, jobset)
 
-    applied = _applied_spec_of(jobset, applied_spec)
+    applied = applied_spec_of(jobset, applied_spec)
     refused = st.changed_fields(applied, applied_spec, prefix="spec")
     record_outcome("refused" if refused else "applied")
     # Status describes the gang that runs: after a refused change, that is the applied spec's.
-    running = _parsed_spec(applied) if refused else training.spec
+    running = parsed_spec(applied) if refused else training.spec
     if refused:
         spec_applied = st.Cond(st.ConditionType.SPEC_APPLIED, st.FALSE, st.Reason.SPEC_CHANGE_REFUSED,
                                st.refused_message(refused))
@@ -262,7 +264,7 @@ def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str, uid: 
     else:
         spec_applied = st.Cond(st.ConditionType.SPEC_APPLIED, st.TRUE, st.Reason.SPEC_IN_SYNC)
     suspend = suspend_patch(jobset, training.spec.suspend)
-    if suspend is not None and not _finished(jobset) \
+    if suspend is not None and not jobset_finished(jobset) \
             and not st.is_data_invalid(body.get("status") or {}):  # stopped for good (observe)
         # Suspend is the one change a JobSet takes while it exists: the JobSet controller stops the
         # gang's Jobs and recreates them on resume (from the last checkpoint). Only the user's edit
@@ -307,7 +309,7 @@ def reconcile_evaluation(api: kubernetes.client.ApiClient, body: kopf.Body, spec
     job = required_evaluation_job(name, namespace, spec, owner=body)
     job_name = job["metadata"]["name"]
     child = f"ConfigMap {configmap['metadata']['name']}"
-    finished = ((body.get("status") or {}).get("evaluation") or {}).get("phase") in st.EvaluationPhase.TERMINAL
+    finished = ((body.get("status") or {}).get("evaluation") or {}).get("phase") in es.EvaluationPhase.TERMINAL
     if finished:
         return  # evaluated once: an operator restart or an edit does not run it again, even if its Job is gone
     try:
@@ -332,14 +334,14 @@ def reconcile_evaluation(api: kubernetes.client.ApiClient, body: kopf.Body, spec
     conditions = (st.Cond(st.ConditionType.VALID, st.TRUE, st.Reason.SPEC_VALID),
                   st.Cond(st.ConditionType.CREATED, st.TRUE, st.Reason.EVALUATION_JOB_CREATED,
                           f"Job {job_name}, {configmap['metadata']['name']}"))
-    pending, pending_cond = st.pending_evaluation(job_name, "pretrained")
+    pending, pending_cond = es.pending_evaluation(job_name, "pretrained")
 
     def compute(parent: Mapping, current: Mapping) -> dict:
         desired = dict(current)
         evaluation = current.get("evaluation") or pending
         desired.update(observedGeneration=generation, configMapName=configmap["metadata"]["name"],
                        nodes=1, gpusPerNode=spec.gpus_per_node, worldSize=1, evaluation=evaluation,
-                       phase=st.evaluation_run_phase(evaluation))
+                       phase=es.evaluation_run_phase(evaluation))
         new = list(conditions) if current.get("evaluation") else [*conditions, pending_cond]
         desired["conditions"] = st.upsert_conditions(current.get("conditions") or [], new,
                                                      now=now(), generation=generation)
@@ -453,7 +455,7 @@ def start_evaluation(api: kubernetes.client.ApiClient, namespace: str, owner: Ma
     its name is fixed, so a second call (another JobSet event, an operator restart) finds it (409).
     A training whose evaluation already finished gets none again, even if its Job was deleted.
     Returns status.evaluation and its condition for a Job just created, else None."""
-    spec = _parsed_spec(_applied_spec_of(jobset, {}))  # what the training ran with
+    spec = parsed_spec(applied_spec_of(jobset, {}))  # what the training ran with
     if spec is None or spec.evaluation.after_training is None:
         return None
     training = get_training(api, namespace, owner["name"])
@@ -480,10 +482,10 @@ def start_evaluation(api: kubernetes.client.ApiClient, namespace: str, owner: Ma
                 raise  # transient: kopf calls us again with the next attempt
             kopf.warn(training, reason=st.Reason.EVALUATION_FAILED,
                       message=st.truncate(f"the API refused Job {job['metadata']['name']}: {refusal.message}"))
-            return ({"phase": st.EvaluationPhase.FAILED, "jobName": job["metadata"]["name"],
+            return ({"phase": es.EvaluationPhase.FAILED, "jobName": job["metadata"]["name"],
                      "checkpoint": spec.evaluation.after_training.checkpoint, "message": refusal.message},
                     st.Cond(st.ConditionType.EVALUATED, st.FALSE, st.Reason.EVALUATION_FAILED, refusal.message))
-    return st.pending_evaluation(job["metadata"]["name"], spec.evaluation.after_training.checkpoint)
+    return es.pending_evaluation(job["metadata"]["name"], spec.evaluation.after_training.checkpoint)
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={EVALUATION_LABEL: kopf.PRESENT})
@@ -509,90 +511,16 @@ def evaluation_changed(event: Mapping, body: kopf.Body, namespace: str, memo: ko
 
     def compute(parent: Mapping, current: Mapping) -> dict:
         previous = current.get("evaluation") or {}
-        if previous.get("phase") in st.EvaluationPhase.TERMINAL:
+        if previous.get("phase") in es.EvaluationPhase.TERMINAL:
             return dict(current)  # finished: a later event (the Job's pods being cleaned up) changes nothing
-        evaluation, cond = st.observe_evaluation(job, pods, previous)
+        evaluation, cond = es.observe_evaluation(job, pods, previous)
         desired = {**current, "evaluation": evaluation, "conditions": st.upsert_conditions(
             current.get("conditions") or [], [cond], now=now(), generation=parent["metadata"].get("generation"))}
         if (parent.get("spec") or {}).get("mode") == "evaluate":  # the Job is the whole run
-            desired["phase"] = st.evaluation_run_phase(evaluation)
+            desired["phase"] = es.evaluation_run_phase(evaluation)
         return desired
 
     write_status(api, namespace, owner["name"], owner["uid"], compute)
-
-
-def observe(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str, parent: Mapping,
-            current: Mapping, jobset: Optional[Mapping] = None, workload: Optional[Mapping] = None) -> dict:
-    """The desired status for what the JobSet says; `jobset` is one the caller already holds
-    (None: read it here), `workload` Kueue's for it (None: listed here when the JobSet waits for it)."""
-    if st.is_data_invalid(current):
-        return dict(current)  # failed for good, its JobSet stopped: nothing it does changes that
-    if jobset is None:
-        jobset = get_jobset(api, namespace, jobset_name)
-    if jobset is None and not current.get("jobSetName"):
-        return dict(current)  # never created (invalid spec): nothing to mirror
-    stamp = now()
-    if jobset is not None and st.shows_failure(jobset, current.get("restarts")):
-        message = data_error(api, namespace, jobset_name)
-        if message is not None:
-            # The same files fail every restart: stop the gang now rather than after maxRestarts.
-            if not _finished(jobset):
-                set_jobset_suspend(api, namespace, jobset_name, True)
-            kopf.warn(parent, reason=st.Reason.DATA_CHECK_FAILED, message=message)
-            failures, preemptions = st.restart_counts(jobset)
-            observation = st.observe_data_invalid(message, restarts=failures, preemptions=preemptions,
-                                                  start_time=current.get("startTime"), now=stamp)
-            return st.merge_status(current, observation, now=stamp,
-                                   generation=parent["metadata"].get("generation"))
-    if jobset is not None and st.queue_of(jobset):
-        # Under a queue the user's hold is Kueue's (hold_in_queue): spec.suspend alone cannot tell
-        # a held training from one created with suspend: true that waits for its turn, and a
-        # JobSet that runs is one Kueue admitted.
-        held = False
-        if (jobset.get("spec") or {}).get("suspend"):
-            if workload is None:
-                workload = get_workload(api, namespace, jobset)
-            held = st.workload_inactive(workload)
-    else:
-        held = bool((parent.get("spec") or {}).get("suspend"))
-    observation = st.observe_jobset(jobset, previous_phase=current.get("phase"),
-                                    previous_start_time=current.get("startTime"),
-                                    previous_restarts=current.get("restarts"),
-                                    previous_preemptions=current.get("preemptions"),
-                                    held=held, workload=workload, now=stamp)
-    desired = st.merge_status(current, observation, now=stamp, generation=parent["metadata"].get("generation"))
-    if observation.phase == st.Phase.SUCCEEDED and current.get("phase") != st.Phase.SUCCEEDED:
-        figures = final_figures(api, namespace, jobset_name)
-        if figures:
-            desired["progress"] = pr.final_progress(current.get("progress"), figures, stamp)
-    return desired
-
-
-def final_figures(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str) -> Optional[dict]:
-    """What rank 0 reported as it finished (its termination message): the progress scrapes stop
-    with the pods, usually before the last evaluation is seen."""
-    pods = jobset_pods(api, namespace, jobset_name, "for the final result")
-    return None if pods is None else pr.final_result(pods, jobset_name)
-
-
-def data_error(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str) -> Optional[str]:
-    """The trainer's data error from a failed pod's termination message, if that is why it failed."""
-    # Without the pods the JobSet's own failure handling still applies: mirror that.
-    pods = jobset_pods(api, namespace, jobset_name, "for a data error")
-    return None if pods is None else st.data_invalid_message(pods)
-
-
-def jobset_pods(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str,
-                purpose: str) -> Optional[list[dict]]:
-    """The JobSet's pods as plain dicts; None (logged) when the API refuses the list."""
-    try:
-        pods = kubernetes.client.CoreV1Api(api).list_namespaced_pod(
-            namespace, label_selector=f"{pr.JOBSET_NAME_LABEL}={jobset_name}")
-    except ApiException as exc:
-        logging.getLogger(__name__).warning("cannot list the pods of JobSet %s/%s %s: %s",
-                                            namespace, jobset_name, purpose, exc.reason)
-        return None
-    return [api.sanitize_for_serialization(p) for p in pods.items]
 
 
 # ------------------------------------------------------------------ Kueue and the scheduler
@@ -617,7 +545,7 @@ def workload_changed(event: Mapping, body: kopf.Body, namespace: str, uid: str, 
         return
     api = memo.api_client
     try:
-        jobset, owner = _jobset_and_training(api, namespace, ref["name"], ref.get("uid"))
+        jobset, owner = jobset_and_training(api, namespace, ref["name"], ref.get("uid"))
         if owner is None:
             record_outcome("ignored")
             return
@@ -657,7 +585,7 @@ def scheduling_changed(api: kubernetes.client.ApiClient, namespace: str, jobset_
                        scheduled: st.Cond) -> None:
     """Fold a gang's Scheduled condition into its training's status; one Warning event when it
     turns False."""
-    jobset, owner = _jobset_and_training(api, namespace, jobset_name)
+    jobset, owner = jobset_and_training(api, namespace, jobset_name)
     if owner is None:
         record_outcome("ignored")
         return
@@ -679,43 +607,6 @@ def scheduling_changed(api: kubernetes.client.ApiClient, namespace: str, jobset_
         kopf.warn(turned[0], reason=st.Reason.UNSCHEDULABLE, message=scheduled.message)
 
 
-def _jobset_and_training(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str,
-                         jobset_uid: Optional[str] = None) -> tuple[Optional[dict], Optional[Mapping]]:
-    """The JobSet and the ownerReference of its TranslationTraining; (…, None) when it is not one
-    of ours (or no longer the one `jobset_uid` names)."""
-    jobset = get_jobset(api, namespace, jobset_name)
-    if jobset is None or (jobset_uid and jobset["metadata"].get("uid") != jobset_uid) \
-            or TRAINING_LABEL not in (jobset["metadata"].get("labels") or {}):
-        return jobset, None
-    return jobset, owner_ref(jobset)
-
-
-def hold_in_queue(api: kubernetes.client.ApiClient, namespace: str, jobset: Mapping, hold: bool) -> None:
-    """Deactivate (hold) or reactivate the Kueue Workload of a queued JobSet."""
-    workload = get_workload(api, namespace, jobset)
-    if workload is None:
-        # Kueue makes the Workload moments after the JobSet; the edit is applied once it exists.
-        raise kopf.TemporaryError(f"Kueue has no Workload for JobSet {jobset['metadata']['name']} yet", delay=2)
-    kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
-        KUEUE_GROUP, KUEUE_VERSION, namespace, WORKLOAD_PLURAL, workload["metadata"]["name"],
-        {"spec": {"active": not hold}})
-
-
-def get_workload(api: kubernetes.client.ApiClient, namespace: str, jobset: Mapping) -> Optional[dict]:
-    """Kueue's Workload for the JobSet, None when there is none yet or Kueue is not installed."""
-    try:
-        listed = cast(dict, kubernetes.client.CustomObjectsApi(api).list_namespaced_custom_object(
-            KUEUE_GROUP, KUEUE_VERSION, namespace, WORKLOAD_PLURAL,
-            label_selector=f"{KUEUE_JOB_UID_LABEL}={jobset['metadata'].get('uid')}"))
-    except ApiException as exc:
-        if exc.status != 404:  # 404: no Kueue in this cluster, the queue label is only a label
-            logging.getLogger(__name__).warning("cannot list the Kueue Workloads in %s: %s", namespace, exc.reason)
-        return None
-    items = listed.get("items") or []
-    # A re-created Workload (e.g. after its JobSet's spec changed) replaces the older one.
-    return max(items, key=lambda w: w["metadata"].get("creationTimestamp") or "", default=None)
-
-
 # ------------------------------------------------------------------------ phase gauge
 
 @kopf.on.event(GROUP, VERSION, PLURAL, id="count_phases")
@@ -730,11 +621,7 @@ async def on_training_event(event: Mapping, body: kopf.Body, uid: str, **_: Any)
 
 def _progress_active(status: Mapping, spec: Mapping, **_: Any) -> bool:
     return bool(status.get("jobSetName")) and status.get("phase") in ACTIVE_PHASES \
-        and _metrics_port(spec) > 0
-
-
-def _metrics_port(spec: Mapping) -> int:
-    return int((spec.get("metrics") or {}).get("port", DEFAULT_METRICS_PORT) or 0)
+        and metrics_port(spec) > 0
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, when=_progress_active, cancellation_timeout=5.0)  # type: ignore[arg-type]
@@ -759,86 +646,3 @@ async def report_progress(stopped: kopf.DaemonStopped, name: str, namespace: str
         else:
             PROGRESS_SCRAPES.labels(outcome).inc()
         await stopped.wait(memo.progress_interval)
-
-
-def update_progress(api: kubernetes.client.ApiClient, namespace: str, name: str, uid: str) -> str:
-    """One round: read the training, find rank 0, scrape it, patch status.progress if it moved."""
-    training = get_training(api, namespace, name)
-    if training is None:
-        return "no_pod"
-    port = _metrics_port(training.get("spec") or {})
-    jobset_name = (training.get("status") or {}).get("jobSetName")
-    if not port or not jobset_name:
-        return "no_pod"
-    pods = kubernetes.client.CoreV1Api(api).list_namespaced_pod(
-        namespace, label_selector=f"{pr.JOBSET_NAME_LABEL}={jobset_name}")
-    pod = pr.rank0_pod([api.sanitize_for_serialization(p) for p in pods.items], jobset_name)
-    if pod is None:
-        return "no_pod"
-    try:
-        text = scrape.get(pr.metrics_url(pod, port), timeout=SCRAPE_TIMEOUT, max_bytes=SCRAPE_MAX_BYTES)
-    except scrape.ScrapeFailed as exc:  # starting, busy or gone (keep the last progress), or not a trainer
-        if exc.notable:
-            logging.getLogger(__name__).warning("progress of %s/%s: %s", namespace, name, exc.reason)
-        return exc.outcome
-    try:
-        metrics = pr.parse_metrics(text)
-    except Exception:  # whatever the parser makes of a hostile reply; its message would quote the reply
-        logging.getLogger(__name__).warning("progress of %s/%s: rank 0's answer is not Prometheus text",
-                                            namespace, name)
-        return "unreachable"
-    progress = pr.progress_from(metrics, now=now())
-    if progress is None:
-        return "no_step"
-    outcome = "unchanged"
-
-    def compute(parent: Mapping, current: Mapping) -> dict:
-        nonlocal outcome
-        if current.get("phase") in (st.Phase.SUCCEEDED, st.Phase.FAILED):
-            return dict(current)  # a scrape from before the end must not undo the final figures
-        if not pr.changed(current.get("progress"), progress):
-            return dict(current)
-        outcome = "updated"
-        return {**current, "progress": {**(current.get("progress") or {}), **progress}}
-
-    # The training read above is at most a scrape old; a conflict re-reads it.
-    write_status(api, namespace, name, uid, compute, parent=training)
-    return outcome
-
-
-# ------------------------------------------------------------------ the spec a JobSet was built from
-
-
-def with_default_image(spec: Mapping, image: Optional[str]) -> dict:
-    """The spec, with the operator's default trainer image where it names none. Rendered, not
-    written back: the training keeps what its author wrote, and a new default reaches only JobSets
-    created after it."""
-    spec = dict(spec)
-    if image and not spec.get("image"):
-        spec["image"] = image
-    return spec
-
-
-def _without_mutable(spec: Mapping) -> dict:
-    return {k: v for k, v in plain(spec).items() if k not in MUTABLE_FIELDS}
-
-
-def _applied_spec_of(jobset: Mapping, default: dict) -> dict:
-    raw = (jobset["metadata"].get("annotations") or {}).get(APPLIED_SPEC)
-    try:
-        return json.loads(raw) if raw else default
-    except ValueError:
-        return default
-
-
-def _parsed_spec(spec: Mapping) -> Optional[TranslationTrainingSpec]:
-    """The spec a JobSet was built from (it was valid then); None if it no longer parses."""
-    try:
-        return parse_spec(spec, allow_host_path=True)
-    except ConfigError:
-        return None
-
-
-def _finished(jobset: Mapping) -> bool:
-    return any(c.get("type") in ("Completed", "Failed") and c.get("status") == st.TRUE
-               for c in (jobset.get("status") or {}).get("conditions") or [])

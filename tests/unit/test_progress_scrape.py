@@ -1,6 +1,6 @@
 """The progress scrape against hostile endpoints: redirects, huge and endless bodies, trickles.
 
-A local HTTP server plays rank 0; handlers.update_progress scrapes it for real (the Kubernetes
+A local HTTP server plays rank 0; progress_round.update_progress scrapes it for real (the Kubernetes
 API around it is faked: the training, rank 0's pod at 127.0.0.1 and the status write). Nothing
 may be followed, read past 1 MiB, or take longer than the scrape's deadline.
 """
@@ -15,7 +15,7 @@ from typing import Iterator
 
 import pytest
 
-from rosetta_operator import handlers, scrape
+from rosetta_operator import progress_round, scrape
 from rosetta_operator.render import COMPLETION_INDEX
 
 METRICS = "# TYPE rosetta_step gauge\nrosetta_step 120\n# TYPE rosetta_total_steps gauge\nrosetta_total_steps 600\n"
@@ -185,7 +185,7 @@ class FakeApi:
 
 @pytest.fixture
 def fake_cluster(monkeypatch):
-    """Patches the client classes handlers uses; returns a function (port, path) -> (api, written)."""
+    """Patches the client classes progress_round uses; returns a function (port, path) -> (api, written)."""
     written: list[dict] = []
 
     def install(port: int, path: str):
@@ -209,11 +209,11 @@ def fake_cluster(monkeypatch):
             current = (parent or api.training).get("status") or {}
             written.append(compute(parent or api.training, current))
 
-        monkeypatch.setattr(handlers.kubernetes.client, "CustomObjectsApi", Custom)
-        monkeypatch.setattr(handlers.kubernetes.client, "CoreV1Api", Core)
-        monkeypatch.setattr(handlers, "write_status", write_status)
+        monkeypatch.setattr(progress_round.kubernetes.client, "CustomObjectsApi", Custom)
+        monkeypatch.setattr(progress_round.kubernetes.client, "CoreV1Api", Core)
+        monkeypatch.setattr(progress_round, "write_status", write_status)
         # The pod's /metrics is where the test says: the scrape's URL is rank 0's IP, port and path.
-        monkeypatch.setattr(handlers.pr, "metrics_url", lambda pod, p: f"http://127.0.0.1:{p}{path}")
+        monkeypatch.setattr(progress_round.pr, "metrics_url", lambda pod, p: f"http://127.0.0.1:{p}{path}")
         return api, written
 
     return install
@@ -225,7 +225,7 @@ def port_of(url: str) -> int:
 
 def test_update_progress_reads_a_real_endpoint(rank0, fake_cluster):
     api, written = fake_cluster(port_of(rank0), "/metrics")
-    assert handlers.update_progress(api, "ml", "mt", "u1") == "updated"
+    assert progress_round.update_progress(api, "ml", "mt", "u1") == "updated"
     assert written[0]["progress"]["display"] == "20% 120/600"
 
 
@@ -240,10 +240,10 @@ CUT = "sent more than the 1048576 bytes a scrape reads; the rest was not read"
 ])
 def test_update_progress_counts_and_logs_a_hostile_endpoint(rank0, fake_cluster, caplog, path, outcome, logged):
     api, written = fake_cluster(port_of(rank0), path)
-    with caplog.at_level(logging.WARNING, logger=handlers.__name__):
+    with caplog.at_level(logging.WARNING, logger=progress_round.__name__):
         started = time.monotonic()
-        assert handlers.update_progress(api, "ml", "mt", "u1") == outcome
-        assert time.monotonic() - started < handlers.SCRAPE_TIMEOUT + 0.5
+        assert progress_round.update_progress(api, "ml", "mt", "u1") == outcome
+        assert time.monotonic() - started < progress_round.SCRAPE_TIMEOUT + 0.5
     assert written == []  # the last progress stays
     assert [r.getMessage() for r in caplog.records] == [f"progress of ml/mt: {rank0}{path} {logged}"]
     assert Rank0.hits == [path]
@@ -254,8 +254,8 @@ def test_update_progress_counts_and_logs_a_hostile_endpoint(rank0, fake_cluster,
 def test_update_progress_does_not_log_what_a_hostile_reply_says(rank0, fake_cluster, caplog, monkeypatch):
     api, _ = fake_cluster(port_of(rank0), "/metrics")
     monkeypatch.setattr(scrape, "get", lambda *a, **k: "rosetta_step{le=\"SECRET-TEXT\n")
-    with caplog.at_level(logging.WARNING, logger=handlers.__name__):
-        assert handlers.update_progress(api, "ml", "mt", "u1") == "unreachable"
+    with caplog.at_level(logging.WARNING, logger=progress_round.__name__):
+        assert progress_round.update_progress(api, "ml", "mt", "u1") == "unreachable"
     assert caplog.records and all("SECRET-TEXT" not in r.getMessage() for r in caplog.records)
 
 
