@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from rosetta_contract.spec import parse_training
-from rosetta_operator import status as st
+from rosetta_operator import evaluation_status as es
 from rosetta_operator.evaluation_job import render_evaluation_job
 from rosetta_operator.render import CONFIG_KEY, render
 from rosetta_trainer.__main__ import train_from_file
@@ -79,7 +79,7 @@ def test_the_twin_trains_then_its_evaluation_job_scores_the_best_checkpoint_on_c
     pod = {"status": {"containerStatuses": [{"state": {"terminated": {"exitCode": 0, "message": message}}}]}}
     finished = {"metadata": {"name": f"{name}-eval"},
                 "status": {"conditions": [{"type": "Complete", "status": "True"}]}}
-    evaluation, cond = st.observe_evaluation(finished, [pod], {"checkpoint": "best"})
+    evaluation, cond = es.observe_evaluation(finished, [pod], {"checkpoint": "best"})
     assert evaluation["phase"] == "Succeeded" and cond.status == "True"
     assert evaluation["checkpointPath"] == best.name and evaluation["step"] == read_meta(best)["step"]
     assert evaluation["rougeL"] == pytest.approx(scores["rougeL"], abs=1e-4) and evaluation["samples"] == 10

@@ -14,6 +14,7 @@ from openapi_check import jobset_schema, schema_errors
 
 from rosetta_contract import final_result
 from rosetta_contract.spec import ConfigError, parse_spec
+from rosetta_operator import evaluation_status as es
 from rosetta_operator import handlers
 from rosetta_operator import status as st
 from rosetta_operator.evaluation_job import EVALUATION_LABEL, render_evaluation_job
@@ -159,7 +160,7 @@ def test_the_termination_message_round_trips(tmp_path, monkeypatch):
 
 def test_a_succeeded_job_gives_its_scores():
     pod = pod_with('Evaluation: {"rougeL":38.1,"rouge1":41.2,"samples":20,"step":400,"checkpoint":"step-00000400"}')
-    evaluation, cond = st.observe_evaluation(finished_job("Complete"), [pod], {"phase": "Running", "checkpoint": "best"})
+    evaluation, cond = es.observe_evaluation(finished_job("Complete"), [pod], {"phase": "Running", "checkpoint": "best"})
     assert evaluation == {"phase": "Succeeded", "jobName": "mt-eval", "checkpoint": "best",
                           "checkpointPath": "step-00000400", "step": 400, "samples": 20, "rouge1": 41.2,
                           "rougeL": 38.1, "startTime": "2026-01-01T00:00:00Z",
@@ -169,14 +170,14 @@ def test_a_succeeded_job_gives_its_scores():
 
 
 def test_a_failed_job_says_why():
-    evaluation, cond = st.observe_evaluation(finished_job("Failed", "Job has reached the specified backoff limit"),
+    evaluation, cond = es.observe_evaluation(finished_job("Failed", "Job has reached the specified backoff limit"),
                                              [], {"phase": "Running"})
     assert evaluation["phase"] == "Failed" and "backoff limit" in evaluation["message"]
     assert (cond.status, cond.reason) == ("False", "EvaluationFailed") and "kubectl logs job/mt-eval" in cond.message
 
 
 def test_a_running_job():
-    evaluation, cond = st.observe_evaluation({"metadata": {"name": "mt-eval"}, "status": {"active": 1}}, [], None)
+    evaluation, cond = es.observe_evaluation({"metadata": {"name": "mt-eval"}, "status": {"active": 1}}, [], None)
     assert evaluation == {"phase": "Running", "jobName": "mt-eval"}
     assert cond.reason == "EvaluationRunning"
 
@@ -184,7 +185,7 @@ def test_a_running_job():
 def test_the_jobs_first_event_says_which_checkpoint():
     # The Job's ADDED event may be handled before the status write that follows its creation.
     job = {**job_of(), "status": {}}
-    evaluation, cond = st.observe_evaluation(job, [], None)
+    evaluation, cond = es.observe_evaluation(job, [], None)
     assert evaluation == {"phase": "Pending", "jobName": "mt-eval", "checkpoint": "best"}
     assert cond.reason == "EvaluationPending"
 

@@ -11,6 +11,7 @@ import pytest
 from openapi_check import jobset_schema, schema_errors
 
 from rosetta_contract.spec import ConfigError, parse_spec
+from rosetta_operator import evaluation_status as es
 from rosetta_operator import status as st
 from rosetta_operator.progress import _is_rank0
 from rosetta_operator.render import DATA_INVALID_EXIT, STAGE_JOB, render
@@ -269,6 +270,6 @@ def test_a_failed_staging_is_the_evaluation_s_failure_message():
                                       "message": "Container stage for pod x failed with exit code 65"}]}}
     pod = {"metadata": {"name": f"{NAME}-eval-abcde"}, "status": {"initContainerStatuses": [{"name": STAGE_JOB, "state": {
         "terminated": {"exitCode": 65, "message": "DataInvalid: hf://google/flan-t5-small: RepositoryNotFoundError"}}}]}}
-    evaluation, cond = st.observe_evaluation(job, [pod], None)
+    evaluation, cond = es.observe_evaluation(job, [pod], None)
     assert evaluation["phase"] == "Failed"
     assert evaluation["message"] == f"pod {NAME}-eval-abcde: hf://google/flan-t5-small: RepositoryNotFoundError"

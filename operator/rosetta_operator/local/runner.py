@@ -26,6 +26,7 @@ from pathlib import Path
 from rosetta_contract.exits import TERMINATION_PREFIX
 from rosetta_contract.spec import load_training
 from rosetta_operator.evaluation_job import required_evaluation_job
+from rosetta_operator.evaluation_status import evaluation_run_phase
 from rosetta_operator.local.pods import (
     LocalRunError,
     fit_hardware,
@@ -41,7 +42,6 @@ from rosetta_operator.local.progress import TrainingProgress
 from rosetta_operator.local.report import format_table, summary_rows, write_plots
 from rosetta_operator.local.supervisor import LocalJobSet
 from rosetta_operator.render import grace_period_seconds, render
-from rosetta_operator.status import evaluation_run_phase
 
 
 def parse_volume_args(values: list[str]) -> dict[str, Path]:
@@ -58,7 +58,7 @@ def run_evaluation(job: dict, mounts, out: Path, warn, only: bool = False) -> di
     """spec.evaluation.afterTraining, here: the evaluation Job's command as one local process on the
     CPU, after the training succeeded (`only`: spec.mode evaluate, the whole run). Its scores, as
     status.evaluation would hold them."""
-    from rosetta_operator.status import observe_evaluation
+    from rosetta_operator.evaluation_status import observe_evaluation
 
     pod = plan_evaluation(job, mounts, warn=warn, only=only)
     message_file = out / "evaluation-termination-log"
