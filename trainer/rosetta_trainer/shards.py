@@ -58,7 +58,7 @@ from collections import deque
 from contextlib import ExitStack
 from itertools import chain, islice
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -113,6 +113,16 @@ class ShardedCorpus:
     def __reduce__(self):
         # A loader process started by spawn reopens the maps rather than receiving a copy.
         return (ShardedCorpus, (str(self.path),))
+
+
+@runtime_checkable
+class ReportingPairs(Protocol):
+    """Training pairs that count what their reading kept and dropped (data_checks.TrainingPairs):
+    the report comes back with the prepared data, and is recorded beside it."""
+
+    def __iter__(self) -> Iterator[tuple[str, str]]: ...
+
+    def report(self) -> dict: ...
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -487,7 +497,7 @@ def prepare_corpus(root: Path, tokenizer, pairs: Iterable[tuple[str, str]], max_
 
     Only the writing process iterates `pairs` (a list, or data_checks.TrainingPairs, which reads
     and checks the files as it goes; it may be iterated twice): the other ranks read no training
-    text. When `pairs` has `report()`, rank 0's is returned to every rank and, with `identity`
+    text. When `pairs` are ReportingPairs, rank 0's is returned to every rank and, with `identity`
     (data_identity.py), recorded so that `find_prepared` finds the directory without the text."""
     from rosetta_trainer.distributed import all_gather_objects, failure, raise_failures
 
@@ -501,7 +511,7 @@ def prepare_corpus(root: Path, tokenizer, pairs: Iterable[tuple[str, str]], max_
             # without a fast backend it is a save_pretrained into a temporary directory.
             fingerprint = tokenizer_fingerprint(tokenizer)
             key, wrote = _prepare_here(root, tokenizer, fingerprint, pairs, max_source, max_target, workers)
-            report = pairs.report() if hasattr(pairs, "report") else None
+            report = pairs.report() if isinstance(pairs, ReportingPairs) else None
             if identity:
                 _record_identity(root / key, _identity_file(identity, fingerprint, max_source, max_target), report)
             outcome = {"key": key, "wrote": wrote, "report": report}
