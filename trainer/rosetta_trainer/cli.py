@@ -130,7 +130,7 @@ def _cmd_train(args) -> int:
 
 
 def _cmd_prepare(args) -> int:
-    from rosetta_trainer.shards import prepare_command
+    from rosetta_trainer.prepare_command import prepare_command
 
     return prepare_command(args)
 

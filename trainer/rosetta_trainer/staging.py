@@ -141,7 +141,7 @@ def stage_command(args) -> int:
         state = f"copied {entry['files']} files" if entry["copied"] else "already there"
         print(f"{entry['what']}: {entry['uri']} -> {entry['path']} ({state})", flush=True)
     if args.prepare:
-        from rosetta_trainer.shards import prepare_training
+        from rosetta_trainer.prepare_command import prepare_training
 
         prepare_training(spec, Path(args.prepare))
     return 0
