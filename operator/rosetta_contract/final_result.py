@@ -21,7 +21,7 @@ from rosetta_contract.exits import DEFAULT_TERMINATION_LOG, MAX_TERMINATION_MESS
 RESULT_PREFIX = "Result: "
 # summary.json key -> status.progress field
 _FIELDS = (("steps", "step"), ("total_steps", "totalSteps"), ("final_loss", "loss"),
-           ("final_bleu", "bleu"), ("best_bleu", "bestBleu"))
+           ("final_score", "bleu"), ("best_score", "bestBleu"))
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ _KEEP = {"type", "description", "enum", "minimum", "maximum", "minLength", "maxL
          "x-kubernetes-int-or-string", "x-kubernetes-preserve-unknown-fields"}
 
 
-def structural(schema: dict, defs: dict | None = None) -> dict:
+def structural(schema: dict[str, Any], defs: dict[str, Any] | None = None) -> dict[str, Any]:
     """One pydantic JSON-schema node → a structural OpenAPI v3 node (recursively)."""
     defs = defs if defs is not None else schema.get("$defs", {})
     node = dict(schema)
@@ -99,7 +99,7 @@ def _scalar(value: Any) -> bool:
     return isinstance(value, (str, int, float, bool)) and value is not None
 
 
-def _at(schema: dict, path: str) -> dict:
+def _at(schema: dict[str, Any], path: str) -> dict[str, Any]:
     """The schema node at a dotted property path; `[]` steps into array items."""
     node = schema
     for part in path.split(".") if path else []:
@@ -128,7 +128,7 @@ class CelRule:
     message: str
 
 
-def _str_list(values) -> str:
+def _str_list(values: Any) -> str:
     return "[" + ", ".join(f"'{v}'" for v in sorted(values)) + "]"
 
 
@@ -282,7 +282,7 @@ def cel_rules() -> list[CelRule]:
     ]
 
 
-def spec_schema() -> dict:
+def spec_schema() -> dict[str, Any]:
     schema = TranslationTrainingSpec.model_json_schema(by_alias=True, mode="validation")
     out = structural(schema)
     out["description"] = " ".join((TranslationTrainingSpec.__doc__ or "").split("\n\n")[0].split())
@@ -300,19 +300,19 @@ def spec_schema() -> dict:
 # --------------------------------------------------------------------------- status
 
 
-def _obj(description: str, properties: dict, **extra) -> dict:
+def _obj(description: str, properties: dict[str, Any], **extra: Any) -> dict[str, Any]:
     return {"type": "object", "description": description, "properties": properties, **extra}
 
 
-def _t(kind: str, description: str, **extra) -> dict:
+def _t(kind: str, description: str, **extra: Any) -> dict[str, Any]:
     return {"type": kind, "description": description, **extra}
 
 
-def _time(description: str) -> dict:
+def _time(description: str) -> dict[str, Any]:
     return {"type": "string", "format": "date-time", "description": description + " (RFC 3339)."}
 
 
-def status_schema() -> dict:
+def status_schema() -> dict[str, Any]:
     progress = _obj("What the trainer last reported (rank 0).", {
         "step": _t("integer", "Optimizer steps done."),
         "totalSteps": _t("integer", "Steps the run will take."),
@@ -324,8 +324,8 @@ def status_schema() -> dict:
         "tokensPerSecond": _t("number", "Training throughput over all ranks."),
         "mfu": _t("number", "Model FLOPs utilisation, 0-1."),
         "etaSeconds": _t("number", "Estimated seconds to the last step."),
-        "bleu": _t("number", "Latest validation BLEU."),
-        "bestBleu": _t("number", "Best validation BLEU so far."),
+        "bleu": _t("number", "Latest validation BLEU; the final figure is the primary metric's (ROUGE-L for summarization)."),
+        "bestBleu": _t("number", "Best validation score so far of the primary metric: BLEU, or ROUGE-L for summarization."),
         "validationLoss": _t("number", "Latest validation loss, beside loss to show overfitting."),
         "genderGapBleu": _t("number", "MT-GenEval masculine minus feminine BLEU, mean over target languages "
                                       "(positive: the model favours the masculine)."),
@@ -409,7 +409,7 @@ PRINTER_COLUMNS = [
 ]
 
 
-def build_crd() -> dict:
+def build_crd() -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",

@@ -46,13 +46,13 @@ def test_summarization_run_scores_rouge_and_keeps_the_best_rouge_l(write_config,
     best = max(evals, key=lambda e: (e["rougeL"], -e["step"]))
     assert saved["best_bleu"] == summary["best_bleu"] == best["rougeL"]
     assert saved["best_step"] == best["step"]
-    assert saved["final_bleu"] == evals[-1]["rougeL"]
+    assert saved["final_score"] == saved["final_bleu"] == evals[-1]["rougeL"]
     kept = [p.name for p in complete_checkpoints(out / "checkpoints")]
     assert kept == sorted({f"step-{best['step']:08d}", "step-00000030"})
     best_dir = out / "checkpoints" / f"step-{best['step']:08d}"
     assert saved["best_checkpoint"] == str(best_dir)
     meta = read_meta(best_dir)
-    assert (meta["metric"], meta["bleu"]) == ("rougeL", best["rougeL"])
+    assert (meta["metric"], meta["score"]) == ("rougeL", best["rougeL"])
     assert json.loads((out / "checkpoints" / "best.json").read_text())["step"] == best["step"]
     assert "validation ROUGE-L:" in capsys.readouterr().out
 

@@ -46,7 +46,8 @@ def test_loss_falls_and_every_output_is_written(write_config, tmp_path):
     saved = json.loads((out / "summary.json").read_text())
     assert saved["steps"] == summary["steps"] == 120
     assert saved["world_size"] == 1
-    assert saved["best_bleu"] == max(e["bleu"] for e in evals)
+    assert saved["best_score"] == saved["best_bleu"] == max(e["bleu"] for e in evals)
+    assert saved["primary_metric"] == "bleu" and saved["final_score"] == evals[-1]["bleu"]
     # keep=1 plus the best by BLEU
     kept = [p.name for p in complete_checkpoints(out / "checkpoints")]
     best_step = saved["best_step"]

@@ -9,10 +9,10 @@ from rosetta_trainer.checkpoint import MARKER, step_dir_name
 from rosetta_trainer.evaluate import pick_checkpoint
 
 
-def checkpoint(root, step: int, score: float | None = None, complete: bool = True):
+def checkpoint(root, step: int, score: float | None = None, complete: bool = True, key: str = "score"):
     path = root / step_dir_name(step)
     path.mkdir(parents=True)
-    (path / "meta.json").write_text(json.dumps({"step": step, **({"bleu": score} if score is not None else {})}))
+    (path / "meta.json").write_text(json.dumps({"step": step, **({key: score} if score is not None else {})}))
     if complete:
         (path / MARKER).write_text("")
     return path
@@ -46,3 +46,10 @@ def test_averaged_and_empty_directories(tmp_path):
     assert pick_checkpoint(tmp_path, "averaged") == tmp_path / "averaged"
     with pytest.raises(ConfigError, match="holds no complete checkpoint"):
         pick_checkpoint(tmp_path / "missing", "final")
+
+
+def test_best_reads_the_score_of_checkpoints_from_earlier_versions(tmp_path):
+    """Their meta.json called the primary metric's score "bleu", whatever the metric."""
+    best = checkpoint(tmp_path, 100, 30.0, key="bleu")
+    checkpoint(tmp_path, 200, 20.0)
+    assert pick_checkpoint(tmp_path, "best") == best

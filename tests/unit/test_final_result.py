@@ -7,7 +7,7 @@ import json
 from rosetta_contract import final_result as fr
 from rosetta_operator.progress import final_progress, final_result
 
-SUMMARY = {"steps": 600, "total_steps": 600, "final_loss": 1.08021, "final_bleu": 97.91, "best_bleu": 97.91,
+SUMMARY = {"steps": 600, "total_steps": 600, "final_loss": 1.08021, "final_score": 97.91, "best_score": 97.91,
            "completed": True, "test": {"bleu": 94.5}, "data": {"train": 20000}}
 
 
@@ -36,7 +36,7 @@ def test_report_outside_a_pod_writes_nothing(tmp_path, monkeypatch):
 
 
 def test_non_finite_and_missing_figures_are_left_out():
-    assert fr.result_of({"steps": 10, "final_bleu": float("nan"), "best_bleu": None, "final_loss": True}) == {"step": 10}
+    assert fr.result_of({"steps": 10, "final_score": float("nan"), "best_score": None, "final_loss": True}) == {"step": 10}
 
 
 def test_parse_refuses_other_messages():

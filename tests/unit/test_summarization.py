@@ -190,7 +190,7 @@ def test_score_reports_rouge_per_language_and_overall():
 
 def test_the_result_printout_names_rouge_for_summarization(capsys):
     summary = {"steps": 4, "total_steps": 4, "world_size": 1, "wall_seconds": 3.0, "tokens_per_s": 10.0,
-               "primary_metric": "rougeL", "final_bleu": 41.5, "best_bleu": 42.25, "best_step": 2,
+               "primary_metric": "rougeL", "final_score": 41.5, "best_score": 42.25, "best_step": 2,
                "test": {"rouge1": 50.0, "rouge2": 20.0, "rougeL": 40.0}, "latest_checkpoint": "c",
                "best_checkpoint": "b"}
     _print_result(summary, "summary.json")

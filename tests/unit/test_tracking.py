@@ -79,7 +79,7 @@ def test_mlflow_local_store_has_the_params_and_metrics_and_a_resume_continues_th
     try:
         t.log_step(STEP)
         t.log_eval(EVAL)
-        t.write_summary({"steps": 5, "best_bleu": 30.0})
+        t.write_summary({"steps": 5, "best_score": 30.0, "primary_metric": "bleu"})
     finally:
         t.close()
     run_id = json.loads((tmp_path / "tracking.json").read_text())["mlflow"]
@@ -88,7 +88,7 @@ def test_mlflow_local_store_has_the_params_and_metrics_and_a_resume_continues_th
     assert run.data.params["training.learningRate"] == "0.0005"
     assert run.data.params["data.targetLangs"] == '["de"]'
     assert run.data.metrics["validation/loss"] == 3.25 and run.data.metrics["validation/bleu"] == 30.0
-    assert run.data.tags["best_bleu"] == "30.0"
+    assert run.data.tags["best_score"] == "30.0" and run.data.tags["primary_metric"] == "bleu"
     assert run.info.status == "FINISHED"
 
     resumed = telemetry(tmp_path, {"mlflow": {"experiment": "rosetta-tests"}}, resumed_step=5)

@@ -126,8 +126,8 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
     if resume_from is not None:
         state, rng = ckpt.load_trainer_state(resume_from, world)
         position = Position(step=state["step"], epoch=state["epoch"], batch=state["batch"],
-                            best_bleu=state.get("best_bleu"), best_step=state.get("best_step"),
-                            last_bleu=state.get("last_bleu"))
+                            best_score=_saved(state, "best_score", "best_bleu"), best_step=state.get("best_step"),
+                            last_score=_saved(state, "last_score", "last_bleu"))
         saved_world = ckpt.read_meta(resume_from).get("world_size")
         if saved_world != world.size:
             log.warning("resuming a world-size-%s checkpoint with %d processes: the data order "
@@ -140,7 +140,7 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
                           config=spec.model_dump(mode="json", by_alias=True, exclude_none=True))
     # Set by the JobSet (and `rosetta run`) on every pod: how often the gang was restarted.
     restart_attempt = int(os.environ.get("ROSETTA_RESTART_ATTEMPT") or 0)
-    telemetry.set_static(restarts=restart_attempt, resumed_from_step=position.step, best_bleu=position.best_bleu)
+    telemetry.set_static(restarts=restart_attempt, resumed_from_step=position.step, best_bleu=position.best_score)
     if resume_from is not None:
         telemetry.log_checkpoint(step=position.step, path=resume_from)
     trainer = Trainer(spec=spec, world=world, model=model, tokenizer=tokenizer, train_corpus=corpus,
@@ -260,12 +260,16 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def _saved(state: dict, key: str, before: str):
+    """A trainer-state value, also from a checkpoint written before `before` was renamed `key`."""
+    return state[key] if key in state else state.get(before)
+
+
 def _print_result(summary: dict, summary_path) -> None:
     from rosetta_contract.metrics import LABELS
 
-    # final_bleu and best_bleu hold the primary metric: ROUGE-L for summarization.
     metric = LABELS[summary.get("primary_metric", "bleu")]
-    bleu, best, best_step = summary.get("final_bleu"), summary.get("best_bleu"), summary.get("best_step")
+    bleu, best, best_step = summary.get("final_score"), summary.get("best_score"), summary.get("best_step")
     bleu_text = "-" if bleu is None else f"{bleu:.2f}"
     best_text = "-" if best is None else f"{best:.2f} (step {best_step})"
     lines = [

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from rosetta_trainer.checkpoint import complete_checkpoints, read_meta
+from rosetta_trainer.checkpoint import checkpoint_score, complete_checkpoints, read_meta
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def select(root: Path, *, last: int | None = None, best: int | None = None) -> l
             raise AveragingError(f"last {n}: {root} holds only {len(found)} complete checkpoint(s) "
                                  f"({', '.join(p.name for p in found)}); checkpoint.keep decides how many stay")
         return found[-n:]
-    scored = [(read_meta(p).get("bleu"), p) for p in found]
+    scored = [(checkpoint_score(read_meta(p)), p) for p in found]
     scored = [(score, p) for score, p in scored if score is not None]
     if len(scored) < n:
         raise AveragingError(f"best {n}: only {len(scored)} of the {len(found)} complete checkpoints in {root} "
@@ -154,7 +154,7 @@ def average_checkpoints(checkpoints: list[Path], out: Path, selection: str = "ex
         "averaged": [p.name for p in checkpoints],
         "selection": selection,
         "steps": [m.get("step") for m in metas],
-        "scores": [m.get("bleu") for m in metas],
+        "scores": [checkpoint_score(m) for m in metas],
         "metric": next((m["metric"] for m in metas if m.get("metric")), None),
         "step": metas[-1].get("step"),
     }, indent=2))

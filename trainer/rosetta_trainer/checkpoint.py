@@ -155,6 +155,12 @@ def read_meta(path: Path) -> dict:
     return json.loads((path / "meta.json").read_text())
 
 
+def checkpoint_score(meta: dict) -> float | None:
+    """The validation score of the primary metric a checkpoint was saved with ("metric" names it);
+    checkpoints of earlier versions call it "bleu", whatever the metric."""
+    return meta["score"] if "score" in meta else meta.get("bleu")
+
+
 def rng_state() -> dict:
     state = {
         "python": random.getstate(),
@@ -217,8 +223,8 @@ class CheckpointManager:
         return final
 
     def best(self) -> Path | None:
-        """The complete checkpoint with the highest validation BLEU, if any has one."""
-        return best_by_score((read_meta(p).get("bleu"), p.name, p) for p in complete_checkpoints(self.root))
+        """The complete checkpoint with the highest validation score, if any has one."""
+        return best_by_score((checkpoint_score(read_meta(p)), p.name, p) for p in complete_checkpoints(self.root))
 
     def _prune(self) -> None:
         found = complete_checkpoints(self.root)
@@ -227,7 +233,8 @@ class CheckpointManager:
         if best is not None:
             protected.add(best)
             (self.root / "best.json").write_text(json.dumps(
-                {"path": best.name, **{k: v for k, v in read_meta(best).items() if k in ("step", "bleu", "chrf")}}
+                {"path": best.name, **{k: v for k, v in read_meta(best).items() if k in ("step", "score", "metric")},
+                 "score": checkpoint_score(read_meta(best))}
             ))
         for path in found:
             if path not in protected:

@@ -290,7 +290,7 @@ def pick_checkpoint(root: str | Path, pick: str) -> Path:
     complete one (final), the best by validation score (best; the newest when none was scored),
     or the averaged model (checkpoint.average)."""
     from rosetta_trainer.averaging import AVERAGED_DIR
-    from rosetta_trainer.checkpoint import best_by_score, complete_checkpoints, read_meta
+    from rosetta_trainer.checkpoint import best_by_score, checkpoint_score, complete_checkpoints, read_meta
 
     root = Path(root)
     if pick == "averaged":
@@ -302,7 +302,7 @@ def pick_checkpoint(root: str | Path, pick: str) -> Path:
     if not found:
         raise ConfigError([("--checkpoint", f"{root} holds no complete checkpoint (step-* with its marker)")])
     if pick == "best":
-        best = best_by_score((read_meta(p).get("bleu"), p.name, p) for p in found)
+        best = best_by_score((checkpoint_score(read_meta(p)), p.name, p) for p in found)
         if best is not None:
             return best
         print(f"no checkpoint in {root} has a validation score: evaluating the newest", file=sys.stderr)

@@ -47,9 +47,9 @@ class Position:
     step: int = 0
     epoch: int = 0
     batch: int = 0
-    best_bleu: float | None = None
+    best_score: float | None = None  # of the primary metric (Trainer.metric), as are the two below
     best_step: int | None = None
-    last_bleu: float | None = None
+    last_score: float | None = None
     # Newest validation loss, carried on every metrics.jsonl line (not saved: a resumed run
     # reports none until its first evaluation).
     last_val_loss: float | None = None
@@ -102,8 +102,9 @@ class Trainer:
         self._control_group = control_group(world)
         self._stop_vote = None
         self.stop_checkpoint_seconds: float | None = None
-        # The validation score that picks the best checkpoint; the *_bleu fields (Position, trainer
-        # state, checkpoint meta "bleu", telemetry best_bleu) keep their names but hold it.
+        # The validation score that picks the best checkpoint: BLEU, or ROUGE-L for summarization.
+        # Position's, the trainer state's and the summary's *_score fields and a checkpoint meta's
+        # "score" hold it, next to its name; the Prometheus gauge keeps its name, rosetta_best_bleu.
         self.metric = primary_metric(spec)
         ev = spec.evaluation
         self.eval_interval = ev.interval or spec.checkpoint.interval
@@ -120,8 +121,8 @@ class Trainer:
         p = self.pos
         return {
             **self.backend.state_dict(),
-            "step": p.step, "epoch": p.epoch, "batch": p.batch, "best_bleu": p.best_bleu,
-            "best_step": p.best_step, "last_bleu": p.last_bleu, "total_steps": self.total_steps,
+            "step": p.step, "epoch": p.epoch, "batch": p.batch, "best_score": p.best_score,
+            "best_step": p.best_step, "last_score": p.last_score, "metric": self.metric, "total_steps": self.total_steps,
             "skipped_steps": self.skipped_steps,
         }
 
@@ -202,7 +203,7 @@ class Trainer:
                     last_record = self._log(window, loss_window, grad_norm, time.perf_counter() - window_start, totals)
                     if bar is not None:
                         bar.set_postfix(loss=f"{last_record['loss']:.3f}", tok_s=f"{last_record['tokens_per_s']:.0f}",
-                                        bleu="-" if pos.last_bleu is None else f"{pos.last_bleu:.1f}")
+                                        bleu="-" if pos.last_score is None else f"{pos.last_score:.1f}")
                     window.zero_()
                     loss_window.zero_()
                     window_start = time.perf_counter()
@@ -330,12 +331,12 @@ class Trainer:
             self.pos.last_val_loss = loss
         metric = self.metric
         if split == "validation" and scores.get(metric) is not None:
-            self.pos.last_bleu = scores[metric]
-            if self.pos.best_bleu is None or scores[metric] > self.pos.best_bleu:
-                self.pos.best_bleu, self.pos.best_step = scores[metric], self.pos.step
+            self.pos.last_score = scores[metric]
+            if self.pos.best_score is None or scores[metric] > self.pos.best_score:
+                self.pos.best_score, self.pos.best_step = scores[metric], self.pos.step
         if self.world.is_main:
             self.telemetry.log_eval(record)
-            self.telemetry.set_static(best_bleu=self.pos.best_bleu)
+            self.telemetry.set_static(best_bleu=self.pos.best_score)
             value = scores.get(metric)
             log.info("step %d %s %s %s", self.pos.step, split, LABELS[metric], "-" if value is None else f"{value:.2f}")
         self.model.train()
@@ -343,8 +344,8 @@ class Trainer:
 
     def _save(self) -> Path:
         evaluated_now = self.pos.step % self.eval_interval == 0 and bool(self.eval_set)
-        # "bleu" is the primary metric's value (what best() ranks by); "metric" says which one it is.
-        meta = {"epoch": self.pos.epoch, "bleu": self.pos.last_bleu if evaluated_now else None,
+        # "score" is the primary metric's value (what best() ranks by); "metric" says which one it is.
+        meta = {"epoch": self.pos.epoch, "score": self.pos.last_score if evaluated_now else None,
                 "metric": self.metric}
         if not self.backend.weights_finite():
             raise NonFiniteError(f"step {self.pos.step}: the model has non-finite weights; no checkpoint "
@@ -361,12 +362,12 @@ class Trainer:
 
     def _finish(self, last: dict, totals: dict, wall: float, stopped_early: bool) -> dict:
         pos = self.pos
-        metric = self.metric  # final_bleu and best_bleu hold it
+        metric = self.metric
         final_val = test = None
         if not stopped_early and self.spec.evaluation.at_end:
             if self.eval_set:
                 already = pos.step % self.eval_interval == 0
-                final_val = {metric: pos.last_bleu} if already else self._evaluate("validation", self.eval_set)
+                final_val = {metric: pos.last_score} if already else self._evaluate("validation", self.eval_set)
             if self.test:
                 test = self._evaluate("test", self.test)
         best = self.checkpoints.best()
@@ -382,9 +383,12 @@ class Trainer:
             "epochs": round(pos.epoch + pos.batch / max(1, self.batches_per_epoch), 4),
             "final_loss": last.get("loss"),
             "primary_metric": metric,
-            "final_bleu": (final_val or {}).get(metric, pos.last_bleu),
-            "best_bleu": pos.best_bleu,
+            "final_score": (final_val or {}).get(metric, pos.last_score),
+            "best_score": pos.best_score,
             "best_step": pos.best_step,
+            # The names of earlier versions, whatever the metric; kept for scripts that read them.
+            "final_bleu": (final_val or {}).get(metric, pos.last_score),
+            "best_bleu": pos.best_score,
             "test": test,
             "wall_seconds": round(wall, 3),
             "tokens_per_s": totals["tokens"] / totals["seconds"] if totals["seconds"] else None,

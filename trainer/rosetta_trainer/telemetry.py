@@ -60,7 +60,6 @@ class Telemetry:
         self._gauges = {}
         self._checkpoint_info = None
         self._phase = None
-        self._best_bleu = None
         self.port = None
         self._trackers = None
         if not enabled:
@@ -112,7 +111,7 @@ class Telemetry:
             "restarts": "Gang restarts before this attempt (ROSETTA_RESTART_ATTEMPT)",
             "resumed_from_step": "Step this attempt resumed from (0: started fresh)",
             "bleu": "Latest validation BLEU over all languages",
-            "best_bleu": "Best validation BLEU so far",
+            "best_bleu": "Best validation score of the primary metric so far (BLEU; ROUGE-L for summarization)",
             "validation_loss": "Latest validation loss (the training criterion, teacher-forced, per target token)",
         }
         for key, doc in specs.items():
@@ -224,8 +223,8 @@ class Telemetry:
             bleu = record.get("bleu")
             if bleu is not None:
                 self._set("bleu", bleu)
-                if self._best_bleu is None or bleu > self._best_bleu:
-                    self.set_static(best_bleu=bleu)
+            # rosetta_best_bleu has one writer, the loop's set_static: the best of the primary
+            # metric, which is ROUGE-L for summarization, not the best BLEU seen here.
             for lang, s in record.get("langs", {}).items():
                 for metric, key in (("bleu", "eval_bleu"), ("chrf", "eval_chrf")):
                     if key in self._gauges and s.get(metric) is not None:
@@ -249,8 +248,6 @@ class Telemetry:
     def set_static(self, **values) -> None:
         for key, value in values.items():
             self._set(key, value)
-            if key == "best_bleu" and value is not None:
-                self._best_bleu = value
 
     def log_checkpoint(self, *, step: int, path: Path | str, seconds: float | None = None,
                        size_bytes: int | None = None) -> None:
@@ -275,7 +272,7 @@ class Telemetry:
         path = self.output / "summary.json"
         path.write_text(json.dumps(_clean(summary), indent=2) + "\n")
         if self._trackers is not None:
-            self._trackers.summary({k: summary.get(k) for k in ("steps", "final_loss", "final_bleu", "best_bleu",
+            self._trackers.summary({k: summary.get(k) for k in ("steps", "final_loss", "final_score", "best_score",
                                                                 "best_step", "primary_metric", "wall_seconds")})
         return path
 

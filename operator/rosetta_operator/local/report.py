@@ -5,21 +5,21 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 from rosetta_contract.metrics import LABELS
 
 
-def _jsonl(path: Path) -> list[dict]:
+def _jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def primary_metric(summary: Optional[dict], evals: list[dict]) -> str:
+def primary_metric(summary: Optional[dict[str, Any]], evals: list[dict[str, Any]]) -> str:
     """The score the run picks its best checkpoint by, as the trainer reported it."""
     if summary and summary.get("primary_metric"):
-        return summary["primary_metric"]
+        return str(summary["primary_metric"])
     if evals and "bleu" not in evals[0] and "rougeL" in evals[0]:
         return "rougeL"
     return "bleu"
@@ -41,7 +41,7 @@ def write_plots(trainer_output: Path, plots_dir: Path) -> list[Path]:
     plots_dir.mkdir(parents=True, exist_ok=True)
     written = []
 
-    def save(fig, name: str) -> None:
+    def save(fig: Any, name: str) -> None:
         path = plots_dir / name
         fig.tight_layout()
         fig.savefig(path, dpi=100)
@@ -86,12 +86,17 @@ def _or_nan(value: Optional[float]) -> float:
     return float("nan") if value is None else value
 
 
-def _fmt(value, spec: str = ".2f") -> str:
+def _summary_score(summary: Mapping[str, Any], which: str) -> Any:
+    """final_score / best_score, or from a summary of an earlier version, final_bleu / best_bleu."""
+    return summary.get(f"{which}_score", summary.get(f"{which}_bleu"))
+
+
+def _fmt(value: Any, spec: str = ".2f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def summary_rows(outcome, trainer_output: Path, plots: list[Path]) -> list[tuple[str, str]]:
-    summary: Optional[dict] = None
+def summary_rows(outcome: Any, trainer_output: Path, plots: list[Path]) -> list[tuple[str, str]]:
+    summary: Optional[dict[str, Any]] = None
     if (trainer_output / "summary.json").exists():
         summary = json.loads((trainer_output / "summary.json").read_text())
     rows = [("phase", outcome.phase + (f" ({outcome.message})" if outcome.message else "")),
@@ -104,9 +109,8 @@ def summary_rows(outcome, trainer_output: Path, plots: list[Path]) -> list[tuple
             ("world size", str(summary.get("world_size"))),
             ("wall seconds", _fmt(summary.get("wall_seconds"), ".0f")),
             ("tokens/s", _fmt(summary.get("tokens_per_s"), ".0f")),
-            # final_bleu/best_bleu hold the primary metric (ROUGE-L for summarization).
-            (f"validation {label(metric)}", f"{_fmt(summary.get('final_bleu'))} (best "
-                                             f"{_fmt(summary.get('best_bleu'))} at step {summary.get('best_step')})"),
+            (f"validation {label(metric)}", f"{_fmt(_summary_score(summary, 'final'))} (best "
+                                             f"{_fmt(_summary_score(summary, 'best'))} at step {summary.get('best_step')})"),
         ]
         shown = [m for m in ("bleu", "chrf", "rouge1", "rouge2", "rougeL", "rougeLsum") if test.get(m) is not None]
         if shown:
