@@ -34,7 +34,8 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 
-# mypy with pydantic's plugin over the contract package that both sides build on.
+# mypy with pydantic's plugin, strict (pyproject.toml's overrides), over the contract package that both
+# sides build on, the operator and the command line.
 typecheck: install
 	$(VENV)/bin/mypy -p rosetta_contract -p rosetta_operator -p rosetta_cli
 

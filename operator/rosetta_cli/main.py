@@ -22,4 +22,4 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return trainer_cli.dispatch(build_parser().parse_args(argv))
+    return int(trainer_cli.dispatch(build_parser().parse_args(argv)))

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from rosetta_contract.document_arguments import add_document_arguments
 from rosetta_operator.cli import add_host_path_argument, add_policy_argument, load_and_render
 
+if TYPE_CHECKING:
+    from rosetta_contract.config import DataSpec
+    from rosetta_contract.spec import TranslationTrainingSpec
 
-def add_command(sub: argparse._SubParsersAction) -> None:
+
+def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("validate", help="check a TranslationTraining file as the operator would, "
                                          "and its data files when they are on this machine")
     add_document_arguments(p)
@@ -20,7 +25,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     # Rendering too catches what only the names reveal (pod hostnames over 63 characters).
     training, rendered = load_and_render(args)
     spec = training.spec
@@ -35,7 +40,7 @@ def run(args) -> int:
     return 0
 
 
-def _warn_if_it_does_not_fit(spec) -> None:
+def _warn_if_it_does_not_fit(spec: TranslationTrainingSpec) -> None:
     # Only the warning line of `rosetta plan`; CPU training returns before torch is imported.
     from rosetta_trainer.memory_plan import fit_warnings
 
@@ -43,7 +48,7 @@ def _warn_if_it_does_not_fit(spec) -> None:
         print(line, file=sys.stderr)
 
 
-def _check_data(data) -> str | None:
+def _check_data(data: DataSpec) -> str | None:
     """The data checks the trainer runs first (data_checks.py), when the files are here."""
     from rosetta_trainer.data_checks import describe_split, needs_checking, read_checked, unreachable
 

@@ -12,11 +12,11 @@ import copy
 import datetime
 import json
 import logging
-from typing import Callable, Mapping, NamedTuple, Optional, cast
+from typing import Any, Callable, Mapping, NamedTuple, Optional, cast
 
 import kopf
 import kubernetes
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from rosetta_contract.resource import GROUP, KIND, PLURAL, VERSION
 from rosetta_operator import status as st
@@ -34,8 +34,8 @@ def now() -> str:
 
 
 def write_status(api: kubernetes.client.ApiClient, namespace: str, name: str, uid: str,
-                 compute: Callable[[Mapping, Mapping], dict], attempts: int = 8,
-                 parent: Optional[Mapping] = None) -> None:
+                 compute: Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, Any]], attempts: int = 8,
+                 parent: Optional[Mapping[str, Any]] = None) -> None:
     """Compute the training's desired status, patch what changed, retry on conflict.
 
     `parent` is the training as the caller already has it (kopf's body): the first attempt uses it
@@ -73,28 +73,28 @@ def write_status(api: kubernetes.client.ApiClient, namespace: str, name: str, ui
     raise kopf.TemporaryError(f"status of {namespace}/{name} kept changing; retrying", delay=1)
 
 
-def first_attempt_only(value: Optional[Mapping]) -> Callable[[], Optional[Mapping]]:
+def first_attempt_only(value: Optional[Mapping[str, Any]]) -> Callable[[], Optional[Mapping[str, Any]]]:
     """`value` on the first call, None after: what a handler held before a 409 conflict is stale."""
     box = [value]
     return lambda: box.pop() if box else None
 
 
-def get_training(api: kubernetes.client.ApiClient, namespace: str, name: str) -> Optional[dict]:
+def get_training(api: kubernetes.client.ApiClient, namespace: str, name: str) -> Optional[dict[str, Any]]:
     """The TranslationTraining as the API holds it now; None when it is gone."""
     return _get_custom_object(api, (GROUP, VERSION, PLURAL), namespace, name)
 
 
-def get_jobset(api: kubernetes.client.ApiClient, namespace: str, name: str) -> Optional[dict]:
+def get_jobset(api: kubernetes.client.ApiClient, namespace: str, name: str) -> Optional[dict[str, Any]]:
     return _get_custom_object(api, (JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL), namespace, name)
 
 
 def _get_custom_object(api: kubernetes.client.ApiClient, resource: tuple[str, str, str], namespace: str,
-                       name: str) -> Optional[dict]:
+                       name: str) -> Optional[dict[str, Any]]:
     """A custom object (group, version, plural) as the API holds it now; None on 404."""
     group, version, plural = resource
     try:
         # The client returns the decoded JSON; its stubs say object.
-        return cast(dict, kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object(
+        return cast(dict[str, Any], kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object(
             group, version, namespace, plural, name))
     except ApiException as exc:
         if exc.status == 404:
@@ -102,11 +102,11 @@ def _get_custom_object(api: kubernetes.client.ApiClient, resource: tuple[str, st
         raise
 
 
-def create_jobset(api: kubernetes.client.ApiClient, owner: kopf.Body, jobset: dict) -> dict:
+def create_jobset(api: kubernetes.client.ApiClient, owner: kopf.Body, jobset: dict[str, Any]) -> dict[str, Any]:
     """Create, or adopt the one a previous attempt created (409): never a second JobSet."""
     namespace = jobset["metadata"]["namespace"]
     try:
-        created = cast(dict, kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
+        created = cast(dict[str, Any], kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
             JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, jobset))
         JOBSETS_CREATED.inc()
         return created
@@ -120,7 +120,7 @@ def create_jobset(api: kubernetes.client.ApiClient, owner: kopf.Body, jobset: di
     return existing
 
 
-def ensure_configmap(api: kubernetes.client.ApiClient, owner: kopf.Body, configmap: dict) -> None:
+def ensure_configmap(api: kubernetes.client.ApiClient, owner: kopf.Body, configmap: dict[str, Any]) -> None:
     """Create the ConfigMap, or bring ours up to date: it may be left from an attempt that stopped
     before its JobSet was created, with an older spec."""
     core = kubernetes.client.CoreV1Api(api)
@@ -137,18 +137,18 @@ def ensure_configmap(api: kubernetes.client.ApiClient, owner: kopf.Body, configm
         core.patch_namespaced_config_map(name, namespace, {"data": configmap.get("data")})
 
 
-def patch_jobset(api: kubernetes.client.ApiClient, namespace: str, name: str, patch: dict) -> dict:
+def patch_jobset(api: kubernetes.client.ApiClient, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
     """Returns the patched JobSet."""
-    return cast(dict, kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
+    return cast(dict[str, Any], kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
         JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, name, patch))
 
 
-def set_jobset_suspend(api: kubernetes.client.ApiClient, namespace: str, name: str, suspend: bool) -> dict:
+def set_jobset_suspend(api: kubernetes.client.ApiClient, namespace: str, name: str, suspend: bool) -> dict[str, Any]:
     """Returns the patched JobSet."""
     return patch_jobset(api, namespace, name, {"spec": {"suspend": suspend}})
 
 
-def check_owned(api: kubernetes.client.ApiClient, owner: kopf.Body, child: Mapping) -> None:
+def check_owned(api: kubernetes.client.ApiClient, owner: kopf.Body, child: Mapping[str, Any]) -> None:
     """A same-named child that is not ours (another tool's, or the previous incarnation's still
     being garbage-collected) is never touched; the condition says so and kopf retries later."""
     uid = owner.metadata["uid"]
@@ -164,10 +164,10 @@ def check_owned(api: kubernetes.client.ApiClient, owner: kopf.Body, child: Mappi
     raise kopf.TemporaryError(message, delay=30)
 
 
-def owner_ref(child: Mapping) -> Optional[Mapping]:
+def owner_ref(child: Mapping[str, Any]) -> Optional[Mapping[str, Any]]:
     for ref in child.get("metadata", {}).get("ownerReferences") or []:
         if ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(f"{GROUP}/"):
-            return ref
+            return cast(Mapping[str, Any], ref)
     return None
 
 
@@ -214,7 +214,7 @@ def api_message(exc: ApiException, limit: int = 800) -> str:
 
 
 def jobset_and_training(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str,
-                         jobset_uid: Optional[str] = None) -> tuple[Optional[dict], Optional[Mapping]]:
+                         jobset_uid: Optional[str] = None) -> tuple[Optional[dict[str, Any]], Optional[Mapping[str, Any]]]:
     """The JobSet and the ownerReference of its TranslationTraining; (…, None) when it is not one
     of ours (or no longer the one `jobset_uid` names)."""
     jobset = get_jobset(api, namespace, jobset_name)
@@ -224,7 +224,7 @@ def jobset_and_training(api: kubernetes.client.ApiClient, namespace: str, jobset
     return jobset, owner_ref(jobset)
 
 
-def hold_in_queue(api: kubernetes.client.ApiClient, namespace: str, jobset: Mapping, hold: bool) -> None:
+def hold_in_queue(api: kubernetes.client.ApiClient, namespace: str, jobset: Mapping[str, Any], hold: bool) -> None:
     """Deactivate (hold) or reactivate the Kueue Workload of a queued JobSet."""
     workload = get_workload(api, namespace, jobset)
     if workload is None:
@@ -235,10 +235,10 @@ def hold_in_queue(api: kubernetes.client.ApiClient, namespace: str, jobset: Mapp
         {"spec": {"active": not hold}})
 
 
-def get_workload(api: kubernetes.client.ApiClient, namespace: str, jobset: Mapping) -> Optional[dict]:
+def get_workload(api: kubernetes.client.ApiClient, namespace: str, jobset: Mapping[str, Any]) -> Optional[dict[str, Any]]:
     """Kueue's Workload for the JobSet, None when there is none yet or Kueue is not installed."""
     try:
-        listed = cast(dict, kubernetes.client.CustomObjectsApi(api).list_namespaced_custom_object(
+        listed = cast(dict[str, Any], kubernetes.client.CustomObjectsApi(api).list_namespaced_custom_object(
             KUEUE_GROUP, KUEUE_VERSION, namespace, WORKLOAD_PLURAL,
             label_selector=f"{KUEUE_JOB_UID_LABEL}={jobset['metadata'].get('uid')}"))
     except ApiException as exc:

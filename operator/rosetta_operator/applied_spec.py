@@ -8,7 +8,7 @@ recognised, and so that it survives operator restarts and kopf's own bookkeeping
 from __future__ import annotations
 
 import json
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from rosetta_contract.spec import TranslationTrainingSpec, parse_spec, plain
 from rosetta_contract.strict_model import ConfigError
@@ -19,7 +19,7 @@ APPLIED_SPEC = "rosetta.dev/applied-spec"
 MUTABLE_FIELDS = frozenset({"suspend"})
 
 
-def with_default_image(spec: Mapping, image: Optional[str]) -> dict:
+def with_default_image(spec: Mapping[str, Any], image: Optional[str]) -> dict[str, Any]:
     """The spec, with the operator's default trainer image where it names none. Rendered, not
     written back: the training keeps what its author wrote, and a new default reaches only JobSets
     created after it."""
@@ -29,11 +29,11 @@ def with_default_image(spec: Mapping, image: Optional[str]) -> dict:
     return spec
 
 
-def without_mutable(spec: Mapping) -> dict:
+def without_mutable(spec: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in plain(spec).items() if k not in MUTABLE_FIELDS}
 
 
-def applied_spec_of(jobset: Mapping, default: dict) -> dict:
+def applied_spec_of(jobset: Mapping[str, Any], default: dict[str, Any]) -> dict[str, Any]:
     raw = (jobset["metadata"].get("annotations") or {}).get(APPLIED_SPEC)
     try:
         return json.loads(raw) if raw else default
@@ -41,7 +41,7 @@ def applied_spec_of(jobset: Mapping, default: dict) -> dict:
         return default
 
 
-def parsed_spec(spec: Mapping) -> Optional[TranslationTrainingSpec]:
+def parsed_spec(spec: Mapping[str, Any]) -> Optional[TranslationTrainingSpec]:
     """The spec a JobSet was built from (it was valid then); None if it no longer parses."""
     try:
         return parse_spec(spec, allow_host_path=True)

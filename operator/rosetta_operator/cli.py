@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rosetta_contract.spec import TranslationTraining
+    from rosetta_operator.render import Rendered
 
 
 def add_host_path_argument(p: argparse.ArgumentParser) -> None:
@@ -19,7 +24,7 @@ def add_policy_argument(p: argparse.ArgumentParser, help: str) -> None:
     p.add_argument("--policy", metavar="FILE", help=help)
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from rosetta_contract.document_arguments import add_document_arguments
 
     p = sub.add_parser("crd", help="print the TranslationTraining CustomResourceDefinition (YAML)")
@@ -66,7 +71,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_verbs(sub)  # submit, get, status, logs, wait, delete, tensorboard
 
 
-def load_and_render(args):
+def load_and_render(args: argparse.Namespace) -> tuple[TranslationTraining, Rendered]:
     """The file's training, refused as the operator would refuse it, and what the operator would create."""
     from rosetta_contract.spec import load_training
     from rosetta_operator.policy import PolicyViolation, load_policy, violations
@@ -82,7 +87,7 @@ def load_and_render(args):
     return training, render(training.metadata.name, namespace, training.spec)
 
 
-def _cmd_crd(args) -> int:
+def _cmd_crd(args: argparse.Namespace) -> int:
     import yaml
 
     from rosetta_operator.crd import build_crd
@@ -91,7 +96,7 @@ def _cmd_crd(args) -> int:
     return 0
 
 
-def _cmd_render(args) -> int:
+def _cmd_render(args: argparse.Namespace) -> int:
     import yaml
 
     from rosetta_operator.evaluation_job import required_evaluation_job
@@ -105,7 +110,7 @@ def _cmd_render(args) -> int:
     return 0
 
 
-def _cmd_run(args) -> int:
+def _cmd_run(args: argparse.Namespace) -> int:
     from rosetta_operator.local.pods import LocalRunError
     from rosetta_operator.local.runner import run
 
@@ -118,7 +123,7 @@ def _cmd_run(args) -> int:
         return 2
 
 
-def _cmd_operator(args) -> int:
+def _cmd_operator(args: argparse.Namespace) -> int:
     from rosetta_operator.main import run
 
     return run(args) or 0

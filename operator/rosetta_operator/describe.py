@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 # While the trainer runs, its ETA counts down from the last scrape; in any other phase there is none.
 COUNTING_DOWN = frozenset({"Running", "Restarting"})
@@ -52,7 +52,7 @@ def age(timestamp: Any, now: datetime) -> str:
     return duration((now - when).total_seconds()) if when else "-"
 
 
-def eta_seconds(status: Mapping, now: datetime) -> Optional[float]:
+def eta_seconds(status: Mapping[str, Any], now: datetime) -> Optional[float]:
     """Seconds left by rank 0's last report, less the time since: None unless the training runs."""
     progress = status.get("progress") or {}
     eta = progress.get("etaSeconds")
@@ -73,7 +73,7 @@ def _number(value: Any, digits: int) -> str:
 COLUMNS = ("NAME", "PHASE", "PROGRESS", "ETA", "BLEU", "RESTARTS", "PREEMPTIONS", "AGE")
 
 
-def row(obj: Mapping, now: datetime) -> list[str]:
+def row(obj: Mapping[str, Any], now: datetime) -> list[str]:
     meta, status = obj.get("metadata") or {}, obj.get("status") or {}
     progress = status.get("progress") or {}
     return [meta.get("name", ""), status.get("phase") or "-", progress.get("display") or "-",
@@ -82,7 +82,7 @@ def row(obj: Mapping, now: datetime) -> list[str]:
             age(meta.get("creationTimestamp"), now)]
 
 
-def table(objects: Iterable[Mapping], now: datetime, *, namespaces: bool = False) -> str:
+def table(objects: Iterable[Mapping[str, Any]], now: datetime, *, namespaces: bool = False) -> str:
     """`kubectl get`'s layout: upper-case headers, columns three spaces apart, no trailing blanks."""
     header = (["NAMESPACE"] if namespaces else []) + list(COLUMNS)
     lines = [header]
@@ -100,7 +100,7 @@ def _columns(lines: list[list[str]]) -> str:
 # ----------------------------------------------------------------------------- status
 
 
-def summary(obj: Mapping, now: datetime) -> dict:
+def summary(obj: Mapping[str, Any], now: datetime) -> dict[str, Any]:
     """What `rosetta status` shows, as data: the status' figures with the ETA as of `now`."""
     meta, status = obj.get("metadata") or {}, obj.get("status") or {}
     progress = dict(status.get("progress") or {})
@@ -124,7 +124,7 @@ _EVALUATION_SCORES = (("bleu", "BLEU"), ("chrf", "chrF"), ("rouge1", "ROUGE-1"),
                       ("rougeL", "ROUGE-L"), ("rougeLsum", "ROUGE-Lsum"))
 
 
-def _evaluation_line(evaluation: Mapping) -> str:
+def _evaluation_line(evaluation: Mapping[str, Any]) -> str:
     """`Succeeded (best: step-00004000): ROUGE-1 41.20, ROUGE-L 38.10 on 11490 test pairs`."""
     which = ": ".join(str(evaluation[k]) for k in ("checkpoint", "checkpointPath") if evaluation.get(k))
     text = (evaluation.get("phase") or "-") + (f" ({which})" if which else "")
@@ -139,7 +139,7 @@ def _evaluation_line(evaluation: Mapping) -> str:
     return text + (f", Job {evaluation['jobName']}" if evaluation.get("jobName") else "")
 
 
-def _progress_line(progress: Mapping) -> str:
+def _progress_line(progress: Mapping[str, Any]) -> str:
     if not progress:
         return "-"
     extras = []
@@ -157,14 +157,14 @@ def _progress_line(progress: Mapping) -> str:
     return f"{text} ({', '.join(extras)})" if extras else text
 
 
-def _bleu_line(progress: Mapping) -> str:
+def _bleu_line(progress: Mapping[str, Any]) -> str:
     bleu, best = progress.get("bleu"), progress.get("bestBleu")
     if not isinstance(bleu, (int, float)):
         return "-"
     return f"{bleu:.2f}" + (f" (best {best:.2f})" if isinstance(best, (int, float)) else "")
 
 
-def _checkpoint_line(progress: Mapping) -> str:
+def _checkpoint_line(progress: Mapping[str, Any]) -> str:
     step, path = progress.get("lastCheckpointStep"), progress.get("lastCheckpoint")
     if step is None and not path:
         return "-"
@@ -175,7 +175,7 @@ def _when(timestamp: Any, now: datetime) -> str:
     return f"{timestamp} ({age(timestamp, now)} ago)" if parse_time(timestamp) else "-"
 
 
-def describe(obj: Mapping, now: datetime) -> str:
+def describe(obj: Mapping[str, Any], now: datetime) -> str:
     """`rosetta status NAME`: one training, a field a line, then its conditions as a table."""
     s = summary(obj, now)
     progress = s["progress"] or {}
@@ -216,9 +216,9 @@ def dump(data: Any, fmt: str) -> str:
         return json.dumps(data, indent=4) + "\n"
     import yaml
 
-    return yaml.safe_dump(data, sort_keys=False, width=120)
+    return str(yaml.safe_dump(data, sort_keys=False, width=120))
 
 
-def as_list(objects: list[Mapping]) -> dict:
+def as_list(objects: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Several objects as `kubectl get -o json` prints them: one List."""
     return {"apiVersion": "v1", "kind": "List", "items": list(objects), "metadata": {"resourceVersion": ""}}

@@ -5,7 +5,7 @@ Pure, like render.py, whose pod parts it reuses.
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 from rosetta_contract.profiles import EFA_RESOURCE
 from rosetta_contract.spec import TranslationTrainingSpec
@@ -68,7 +68,7 @@ def evaluation_command(spec: TranslationTrainingSpec, output: str, config: str) 
 
 
 def required_evaluation_job(name: str, namespace: str, spec: TranslationTrainingSpec,
-                            owner: Mapping | None = None) -> dict:
+                            owner: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """render_evaluation_job for a caller that knows there is one (mode evaluate, or afterTraining set)."""
     job = render_evaluation_job(name, namespace, spec, owner)
     if job is None:
@@ -77,7 +77,7 @@ def required_evaluation_job(name: str, namespace: str, spec: TranslationTraining
 
 
 def render_evaluation_job(name: str, namespace: str, spec: TranslationTrainingSpec,
-                          owner: Mapping | None = None) -> dict | None:
+                          owner: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """The batch/v1 Job that evaluates a checkpoint once the training succeeded; None without
     spec.evaluation.afterTraining. The training pod's volumes, image and security context, no GPU,
     none of the gang's scheduling (its node selector and tolerations are for GPU nodes).
@@ -94,7 +94,7 @@ def render_evaluation_job(name: str, namespace: str, spec: TranslationTrainingSp
                                   {EVALUATION_CHECKPOINT: after.checkpoint}, ({}, []))
 
 
-def _evaluate_mode_pod(spec: TranslationTrainingSpec) -> tuple[dict, int | None, dict, tuple[dict, list]]:
+def _evaluate_mode_pod(spec: TranslationTrainingSpec) -> tuple[dict[str, Any], int | None, dict[str, Any], tuple[dict[str, Any], list[Any]]]:
     """(resources, CPU threads, annotations, (node selector, tolerations)) of mode evaluate's pod."""
     threads = cpu_threads(spec.resources.cpu) if spec.resources.cpu else None
     # No EFA: one pod, no collectives across nodes.
@@ -103,9 +103,9 @@ def _evaluate_mode_pod(spec: TranslationTrainingSpec) -> tuple[dict, int | None,
     return {kind: values for kind, values in pod.items() if values}, threads, {EVALUATION_CHECKPOINT: "pretrained"}, scheduling(spec)
 
 
-def _render_evaluation_job(name: str, namespace: str, spec: TranslationTrainingSpec, owner: Mapping | None,
-                           pod_resources: dict, threads: int | None, annotations: dict,
-                           placement: tuple[dict, list]) -> dict:
+def _render_evaluation_job(name: str, namespace: str, spec: TranslationTrainingSpec, owner: Mapping[str, Any] | None,
+                           pod_resources: dict[str, Any], threads: int | None, annotations: dict[str, Any],
+                           placement: tuple[dict[str, Any], list[Any]]) -> dict[str, Any]:
     names = resource_names(name, spec.nodes)
     pod_volumes, mounts = volumes(spec, names)
     keep = {v["name"] for v in pod_volumes if v["name"] != "dshm"}  # no NCCL or dataloader workers here

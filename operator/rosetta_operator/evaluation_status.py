@@ -9,7 +9,7 @@ the Job is the whole run, and its phase is the training's (evaluation_run_phase)
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional, cast
 
 from rosetta_contract.final_result import parse_evaluation
 from rosetta_contract.resource import Phase
@@ -26,14 +26,14 @@ class EvaluationPhase:
     TERMINAL = frozenset({SUCCEEDED, FAILED})
 
 
-def _job_condition(job: Mapping, type_: str) -> Optional[Mapping]:
+def _job_condition(job: Mapping[str, Any], type_: str) -> Optional[Mapping[str, Any]]:
     for cond in (job.get("status") or {}).get("conditions") or []:
         if cond.get("type") == type_ and cond.get("status") == TRUE:
-            return cond
+            return cast(Mapping[str, Any], cond)
     return None
 
 
-def evaluation_scores(pods: Iterable[Mapping]) -> Optional[dict]:
+def evaluation_scores(pods: Iterable[Mapping[str, Any]]) -> Optional[dict[str, Any]]:
     """The figures `rosetta evaluate` left in a pod's termination message (Evaluation: {json})."""
     for pod in pods:
         for container in (pod.get("status") or {}).get("containerStatuses") or []:
@@ -44,19 +44,19 @@ def evaluation_scores(pods: Iterable[Mapping]) -> Optional[dict]:
     return None
 
 
-def pending_evaluation(job_name: str, checkpoint: str) -> tuple[dict, Cond]:
+def pending_evaluation(job_name: str, checkpoint: str) -> tuple[dict[str, Any], Cond]:
     """status.evaluation and the condition right after the Job was created."""
     return ({"phase": EvaluationPhase.PENDING, "jobName": job_name, "checkpoint": checkpoint},
             Cond(ConditionType.EVALUATED, FALSE, Reason.EVALUATION_PENDING, f"Job {job_name} created"))
 
 
-def evaluation_run_phase(evaluation: Mapping) -> str:
+def evaluation_run_phase(evaluation: Mapping[str, Any]) -> str:
     """The training's phase in mode evaluate, where the evaluation Job is the whole run."""
     return {EvaluationPhase.RUNNING: Phase.RUNNING, EvaluationPhase.SUCCEEDED: Phase.SUCCEEDED,
             EvaluationPhase.FAILED: Phase.FAILED}.get(str(evaluation.get("phase")), Phase.PENDING)
 
 
-def observe_evaluation(job: Mapping, pods: Iterable[Mapping], previous: Optional[Mapping]) -> tuple[dict, Cond]:
+def observe_evaluation(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], previous: Optional[Mapping[str, Any]]) -> tuple[dict[str, Any], Cond]:
     """What the evaluation Job (and, once it finished, its pods) says: status.evaluation and the
     Evaluated condition. Scores, once read, stay."""
     name = (job.get("metadata") or {}).get("name") or ""

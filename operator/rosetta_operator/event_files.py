@@ -17,7 +17,7 @@ import tarfile
 import threading
 import time
 from pathlib import Path, PurePosixPath
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from rosetta_operator.kube import Cluster, VerbError
 from rosetta_operator.pod_logs import CONTAINER, container_state, rank_pod
@@ -27,7 +27,7 @@ FOLDER = "tensorboard"
 COPY_COMMAND = ["sh", "-c", f'cd "$ROSETTA_OUTPUT" && tar cf - {FOLDER}']
 
 
-def _rank0(cluster: Cluster, name: str) -> Mapping:
+def _rank0(cluster: Cluster, name: str) -> Mapping[str, Any]:
     training = cluster.existing_training(name)
     metrics = (training.get("spec") or {}).get("metrics") or {}
     if metrics.get("tensorboard") is False:
@@ -139,7 +139,7 @@ def serve(cluster: Cluster, name: str, dest: Path, *, port: int, host: str, refr
                 proc.wait()
 
 
-def _stop(signum, frame) -> None:
+def _stop(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 

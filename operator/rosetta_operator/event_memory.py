@@ -44,12 +44,12 @@ class OwnCreations:
             done.set()
 
     @staticmethod
-    def _identity(jobset: Mapping) -> Optional[tuple[str, str]]:
+    def _identity(jobset: Mapping[str, Any]) -> Optional[tuple[str, str]]:
         meta = jobset.get("metadata") or {}
         uid, version = meta.get("uid"), meta.get("resourceVersion")
         return (uid, version) if uid and version else None
 
-    def add(self, jobset: Mapping) -> None:
+    def add(self, jobset: Mapping[str, Any]) -> None:
         identity = self._identity(jobset)
         if identity is None:
             return
@@ -58,7 +58,7 @@ class OwnCreations:
             while len(self._versions) > self.limit:
                 del self._versions[next(iter(self._versions))]  # the oldest (dicts keep insertion order)
 
-    def claim(self, jobset: Mapping) -> bool:
+    def claim(self, jobset: Mapping[str, Any]) -> bool:
         """True (once) when `jobset` is exactly what this process created."""
         identity = self._identity(jobset)
         if identity is None:

@@ -40,14 +40,14 @@ import os
 import random
 import sys
 import time
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, cast
 
 import kopf
 import kubernetes
 import prometheus_client
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
-from rosetta_contract.resource import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from rosetta_contract.resource import API_VERSION, GROUP, KIND, PLURAL, VERSION, Phase
 from rosetta_contract.spec import TranslationTrainingSpec, parse_training
 from rosetta_contract.strict_model import ConfigError
 from rosetta_operator import evaluation_status as es
@@ -121,7 +121,7 @@ DEFAULT_PROGRESS_INTERVAL = 15.0
 # is ready", and no rank logs a step before the whole gang has joined, so a scrape could only say
 # no_pod or no_step; skipping it also spares a queued training kopf's finalizer patch. Restarting
 # stays so that a gang restart does not stop and restart the daemon (and its finalizer) each time.
-ACTIVE_PHASES = frozenset({st.Phase.RUNNING, st.Phase.RESTARTING})
+ACTIVE_PHASES = frozenset({Phase.RUNNING, Phase.RESTARTING})
 
 # ------------------------------------------------------------------------------ startup
 
@@ -292,7 +292,7 @@ def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str, uid: 
                   spec_applied)
     known = first_attempt_only(jobset)
 
-    def compute(parent: Mapping, current: Mapping) -> dict:
+    def compute(parent: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
         desired = observe(api, namespace, jobset_name, parent, current, known())
         desired.update(fixed)
         desired["conditions"] = st.upsert_conditions(desired.get("conditions") or [], conditions,
@@ -303,7 +303,7 @@ def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str, uid: 
 
 
 def reconcile_evaluation(api: kubernetes.client.ApiClient, body: kopf.Body, spec: TranslationTrainingSpec,
-                         configmap: dict, name: str, namespace: str, uid: str, logger: logging.Logger) -> None:
+                         configmap: dict[str, Any], name: str, namespace: str, uid: str, logger: logging.Logger) -> None:
     """mode evaluate: the ConfigMap and one evaluation Job, no JobSet. The Job's name is fixed, so
     a second reconcile finds it (409); evaluation_changed moves status.evaluation and the phase."""
     job = required_evaluation_job(name, namespace, spec, owner=body)
@@ -336,7 +336,7 @@ def reconcile_evaluation(api: kubernetes.client.ApiClient, body: kopf.Body, spec
                           f"Job {job_name}, {configmap['metadata']['name']}"))
     pending, pending_cond = es.pending_evaluation(job_name, "pretrained")
 
-    def compute(parent: Mapping, current: Mapping) -> dict:
+    def compute(parent: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
         desired = dict(current)
         evaluation = current.get("evaluation") or pending
         desired.update(observedGeneration=generation, configMapName=configmap["metadata"]["name"],
@@ -367,13 +367,13 @@ def report_invalid(api: kubernetes.client.ApiClient, body: kopf.Body, errors: li
     name, namespace = body.metadata["name"], body.metadata["namespace"]
     jobset_name = (body.get("status") or {}).get("jobSetName")
 
-    def compute(parent: Mapping, current: Mapping) -> dict:
+    def compute(parent: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
         invalid = st.Cond(st.ConditionType.VALID, st.FALSE, reason, message)
         if jobset_name and get_jobset(api, namespace, jobset_name) is not None:
             desired = dict(current)
             updates = (invalid, st.Cond(st.ConditionType.SPEC_APPLIED, st.FALSE, reason, message))
         else:
-            desired = {**current, "phase": st.Phase.FAILED, "message": message}
+            desired = {**current, "phase": Phase.FAILED, "message": message}
             updates = (invalid, st.Cond(st.ConditionType.FAILED, st.TRUE, reason, message))
         desired["observedGeneration"] = generation
         desired["conditions"] = st.upsert_conditions(current.get("conditions") or [], updates,
@@ -394,7 +394,7 @@ def report_refused(api: kubernetes.client.ApiClient, body: kopf.Body, message: s
     news: list[bool] = [True]
     final = reason != st.Reason.QUOTA_EXCEEDED
 
-    def compute(parent: Mapping, current: Mapping) -> dict:
+    def compute(parent: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
         before = st.condition(current, st.ConditionType.CREATED) or {}
         news[:] = [not (before.get("reason") == reason and before.get("message") == message
                         and before.get("observedGeneration") == generation)]
@@ -402,7 +402,7 @@ def report_refused(api: kubernetes.client.ApiClient, body: kopf.Body, message: s
                    st.Cond(st.ConditionType.CREATED, st.FALSE, reason, message)]
         if final:
             updates.append(st.Cond(st.ConditionType.FAILED, st.TRUE, reason, message))
-        desired = {**current, "phase": st.Phase.FAILED if final else st.Phase.PENDING, "message": message,
+        desired = {**current, "phase": Phase.FAILED if final else Phase.PENDING, "message": message,
                    "observedGeneration": generation}
         desired["conditions"] = st.upsert_conditions(current.get("conditions") or [], updates,
                                                      now=now(), generation=generation)
@@ -418,7 +418,7 @@ def report_refused(api: kubernetes.client.ApiClient, body: kopf.Body, message: s
 
 @kopf.on.event(JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL, labels={TRAINING_LABEL: kopf.PRESENT})
 @instrumented("jobset_changed")
-def jobset_changed(event: Mapping, body: kopf.Body, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+def jobset_changed(event: Mapping[str, Any], body: kopf.Body, namespace: str, memo: kopf.Memo, **_: Any) -> None:
     """The JobSet controller moved: mirror it. The event's body is the JobSet, so it is not read
     again, not even after a conflict: kopf hands one JobSet's events over in order, so any newer
     state comes as a later event and is written by a later call."""
@@ -435,7 +435,7 @@ def jobset_changed(event: Mapping, body: kopf.Body, namespace: str, memo: kopf.M
     if jobset is not None and st.jobset_succeeded(jobset):
         evaluation = start_evaluation(api, namespace, owner, jobset)
 
-    def compute(parent: Mapping, current: Mapping) -> dict:
+    def compute(parent: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
         desired = observe(api, namespace, jobset_name, parent, current, jobset)
         if evaluation is not None and not current.get("evaluation"):
             desired["evaluation"], cond = evaluation
@@ -449,8 +449,8 @@ def jobset_changed(event: Mapping, body: kopf.Body, namespace: str, memo: kopf.M
 # ------------------------------------------------------------------ the after-training evaluation
 
 
-def start_evaluation(api: kubernetes.client.ApiClient, namespace: str, owner: Mapping,
-                     jobset: Mapping) -> Optional[tuple[dict, st.Cond]]:
+def start_evaluation(api: kubernetes.client.ApiClient, namespace: str, owner: Mapping[str, Any],
+                     jobset: Mapping[str, Any]) -> Optional[tuple[dict[str, Any], st.Cond]]:
     """Create the evaluation Job of a succeeded training with spec.evaluation.afterTraining, once:
     its name is fixed, so a second call (another JobSet event, an operator restart) finds it (409).
     A training whose evaluation already finished gets none again, even if its Job was deleted.
@@ -480,7 +480,7 @@ def start_evaluation(api: kubernetes.client.ApiClient, namespace: str, owner: Ma
             refusal = create_refusal(exc)
             if refusal is None:
                 raise  # transient: kopf calls us again with the next attempt
-            kopf.warn(training, reason=st.Reason.EVALUATION_FAILED,
+            kopf.warn(cast(kopf.Body, training), reason=st.Reason.EVALUATION_FAILED,
                       message=st.truncate(f"the API refused Job {job['metadata']['name']}: {refusal.message}"))
             return ({"phase": es.EvaluationPhase.FAILED, "jobName": job["metadata"]["name"],
                      "checkpoint": spec.evaluation.after_training.checkpoint, "message": refusal.message},
@@ -490,7 +490,7 @@ def start_evaluation(api: kubernetes.client.ApiClient, namespace: str, owner: Ma
 
 @kopf.on.event("batch", "v1", "jobs", labels={EVALUATION_LABEL: kopf.PRESENT})
 @instrumented("evaluation_changed")
-def evaluation_changed(event: Mapping, body: kopf.Body, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+def evaluation_changed(event: Mapping[str, Any], body: kopf.Body, namespace: str, memo: kopf.Memo, **_: Any) -> None:
     """The evaluation Job moved: status.evaluation and the Evaluated condition follow it; once it
     finished, its pod's termination message gives the scores."""
     owner = owner_ref(body)
@@ -499,7 +499,7 @@ def evaluation_changed(event: Mapping, body: kopf.Body, namespace: str, memo: ko
     api = memo.api_client
     job = copy.deepcopy(dict(body))
     name = job["metadata"]["name"]
-    pods: list[dict] = []
+    pods: list[dict[str, Any]] = []
     conditions = (job.get("status") or {}).get("conditions") or []
     # Finished: its pods' termination messages hold the scores, or why it failed (a source not there).
     if any(c.get("type") in ("Complete", "Failed") and c.get("status") == st.TRUE for c in conditions):
@@ -509,7 +509,7 @@ def evaluation_changed(event: Mapping, body: kopf.Body, namespace: str, memo: ko
         except ApiException as exc:
             logging.getLogger(__name__).warning("cannot list the pods of Job %s/%s: %s", namespace, name, exc.reason)
 
-    def compute(parent: Mapping, current: Mapping) -> dict:
+    def compute(parent: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
         previous = current.get("evaluation") or {}
         if previous.get("phase") in es.EvaluationPhase.TERMINAL:
             return dict(current)  # finished: a later event (the Job's pods being cleaned up) changes nothing
@@ -528,7 +528,7 @@ def evaluation_changed(event: Mapping, body: kopf.Body, namespace: str, memo: ko
 
 @kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_PLURAL, labels={KUEUE_JOB_UID_LABEL: kopf.PRESENT})
 @instrumented("workload_changed")
-def workload_changed(event: Mapping, body: kopf.Body, namespace: str, uid: str, memo: kopf.Memo,
+def workload_changed(event: Mapping[str, Any], body: kopf.Body, namespace: str, uid: str, memo: kopf.Memo,
                      **_: Any) -> None:
     """Kueue admitted, queued or evicted a JobSet: say so now, not at the JobSet's next event
     (a queued JobSet has none while it waits)."""
@@ -558,7 +558,7 @@ def workload_changed(event: Mapping, body: kopf.Body, namespace: str, uid: str, 
 
 
 @kopf.on.event("v1", "pods", labels={TRAINING_LABEL: kopf.PRESENT}, id="pod_scheduling")  # type: ignore[arg-type]
-async def on_pod_event(event: Mapping, body: kopf.Body, namespace: str, uid: str, memo: kopf.Memo,
+async def on_pod_event(event: Mapping[str, Any], body: kopf.Body, namespace: str, uid: str, memo: kopf.Memo,
                        **_: Any) -> None:
     """Async on purpose: nearly every pod event is no news about scheduling (UnschedulablePods says
     which are), and those should not queue for a worker thread behind the reconciles."""
@@ -590,9 +590,9 @@ def scheduling_changed(api: kubernetes.client.ApiClient, namespace: str, jobset_
         record_outcome("ignored")
         return
     known = first_attempt_only(jobset)
-    turned: list[Mapping] = []  # the training, when this write turned the condition False
+    turned: list[Mapping[str, Any]] = []  # the training, when this write turned the condition False
 
-    def compute(parent: Mapping, current: Mapping) -> dict:
+    def compute(parent: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
         generation = parent["metadata"].get("generation")
         conditions = st.upsert_conditions(current.get("conditions") or [], [scheduled], now=now(),
                                           generation=generation)
@@ -604,13 +604,13 @@ def scheduling_changed(api: kubernetes.client.ApiClient, namespace: str, jobset_
 
     write_status(api, namespace, owner["name"], owner["uid"], compute)
     if turned:
-        kopf.warn(turned[0], reason=st.Reason.UNSCHEDULABLE, message=scheduled.message)
+        kopf.warn(cast(kopf.Body, turned[0]), reason=st.Reason.UNSCHEDULABLE, message=scheduled.message)
 
 
 # ------------------------------------------------------------------------ phase gauge
 
 @kopf.on.event(GROUP, VERSION, PLURAL, id="count_phases")
-async def on_training_event(event: Mapping, body: kopf.Body, uid: str, **_: Any) -> None:
+async def on_training_event(event: Mapping[str, Any], body: kopf.Body, uid: str, **_: Any) -> None:
     """Async on purpose: it only touches memory, so it runs on kopf's event loop at once instead of
     queueing for a worker thread behind the reconciles (about three events per training)."""
     count_phases(event=event, body=body, uid=uid)
@@ -619,7 +619,7 @@ async def on_training_event(event: Mapping, body: kopf.Body, uid: str, **_: Any)
 # ----------------------------------------------------------------------------- progress
 
 
-def _progress_active(status: Mapping, spec: Mapping, **_: Any) -> bool:
+def _progress_active(status: Mapping[str, Any], spec: Mapping[str, Any], **_: Any) -> bool:
     return bool(status.get("jobSetName")) and status.get("phase") in ACTIVE_PHASES \
         and metrics_port(spec) > 0
 

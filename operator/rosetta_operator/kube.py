@@ -15,7 +15,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, cast
 
 from rosetta_contract.resource import GROUP, KIND, PLURAL, VERSION
 
@@ -45,41 +45,41 @@ class Cluster:
     context: Optional[str] = None
 
     @property
-    def core(self):
+    def core(self) -> Any:  # kubernetes.client.CoreV1Api
         import kubernetes
 
         return kubernetes.client.CoreV1Api(self.api)
 
     @property
-    def custom(self):
+    def custom(self) -> Any:  # kubernetes.client.CustomObjectsApi
         import kubernetes
 
         return kubernetes.client.CustomObjectsApi(self.api)
 
     @property
     def server(self) -> str:
-        return self.api.configuration.host
+        return str(self.api.configuration.host)
 
     # ------------------------------------------------------------------ trainings
 
-    def training(self, name: str) -> Optional[dict]:
+    def training(self, name: str) -> Optional[dict[str, Any]]:
         """The TranslationTraining, or None when there is none of that name."""
         from kubernetes.client.exceptions import ApiException
 
         try:
-            return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
+            return cast(dict[str, Any], self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name))
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
 
-    def existing_training(self, name: str) -> dict:
+    def existing_training(self, name: str) -> dict[str, Any]:
         obj = self.training(name)
         if obj is None:
             raise not_found(name, self.namespace)
         return obj
 
-    def trainings(self, all_namespaces: bool = False) -> list[dict]:
+    def trainings(self, all_namespaces: bool = False) -> list[dict[str, Any]]:
         if all_namespaces:
             items = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
         else:
@@ -98,7 +98,7 @@ class Cluster:
             raise
         return True
 
-    def watch_training(self, name: str, deadline: Optional[float]) -> Iterator[Optional[dict]]:
+    def watch_training(self, name: str, deadline: Optional[float]) -> Iterator[Optional[dict[str, Any]]]:
         """The training now, then again each time it changes (None once it is gone), until the
         `deadline` (time.monotonic()) passes; None as the deadline: for ever.
 
@@ -136,7 +136,7 @@ class Cluster:
 
     # ----------------------------------------------------------------------- pods
 
-    def pods(self, jobset: str) -> list[dict]:
+    def pods(self, jobset: str) -> list[dict[str, Any]]:
         """The JobSet's pods, as plain dicts (what the pure helpers read)."""
         items = self.core.list_namespaced_pod(self.namespace,
                                               label_selector=f"jobset.sigs.k8s.io/jobset-name={jobset}").items

@@ -9,19 +9,20 @@ termination message, as the progress scrapes stop with the pods.
 from __future__ import annotations
 
 import logging
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional, cast
 
 import kopf
 import kubernetes
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
+from rosetta_contract.resource import Phase
 from rosetta_operator import progress as pr
 from rosetta_operator import status as st
 from rosetta_operator.api_calls import get_jobset, get_workload, now, set_jobset_suspend
 
 
-def observe(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str, parent: Mapping,
-            current: Mapping, jobset: Optional[Mapping] = None, workload: Optional[Mapping] = None) -> dict:
+def observe(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str, parent: Mapping[str, Any],
+            current: Mapping[str, Any], jobset: Optional[Mapping[str, Any]] = None, workload: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
     """The desired status for what the JobSet says; `jobset` is one the caller already holds
     (None: read it here), `workload` Kueue's for it (None: listed here when the JobSet waits for it)."""
     if st.is_data_invalid(current):
@@ -37,7 +38,7 @@ def observe(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str, 
             # The same files fail every restart: stop the gang now rather than after maxRestarts.
             if not jobset_finished(jobset):
                 set_jobset_suspend(api, namespace, jobset_name, True)
-            kopf.warn(parent, reason=st.Reason.DATA_CHECK_FAILED, message=message)
+            kopf.warn(cast(kopf.Body, parent), reason=st.Reason.DATA_CHECK_FAILED, message=message)
             failures, preemptions = st.restart_counts(jobset)
             observation = st.observe_data_invalid(message, restarts=failures, preemptions=preemptions,
                                                   start_time=current.get("startTime"), now=stamp)
@@ -60,14 +61,14 @@ def observe(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str, 
                                     previous_preemptions=current.get("preemptions"),
                                     held=held, workload=workload, now=stamp)
     desired = st.merge_status(current, observation, now=stamp, generation=parent["metadata"].get("generation"))
-    if observation.phase == st.Phase.SUCCEEDED and current.get("phase") != st.Phase.SUCCEEDED:
+    if observation.phase == Phase.SUCCEEDED and current.get("phase") != Phase.SUCCEEDED:
         figures = final_figures(api, namespace, jobset_name)
         if figures:
             desired["progress"] = pr.final_progress(current.get("progress"), figures, stamp)
     return desired
 
 
-def final_figures(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str) -> Optional[dict]:
+def final_figures(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str) -> Optional[dict[str, Any]]:
     """What rank 0 reported as it finished (its termination message): the progress scrapes stop
     with the pods, usually before the last evaluation is seen."""
     pods = jobset_pods(api, namespace, jobset_name, "for the final result")
@@ -82,7 +83,7 @@ def data_error(api: kubernetes.client.ApiClient, namespace: str, jobset_name: st
 
 
 def jobset_pods(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str,
-                purpose: str) -> Optional[list[dict]]:
+                purpose: str) -> Optional[list[dict[str, Any]]]:
     """The JobSet's pods as plain dicts; None (logged) when the API refuses the list."""
     try:
         pods = kubernetes.client.CoreV1Api(api).list_namespaced_pod(
@@ -94,6 +95,6 @@ def jobset_pods(api: kubernetes.client.ApiClient, namespace: str, jobset_name: s
     return [api.sanitize_for_serialization(p) for p in pods.items]
 
 
-def jobset_finished(jobset: Mapping) -> bool:
+def jobset_finished(jobset: Mapping[str, Any]) -> bool:
     return any(c.get("type") in ("Completed", "Failed") and c.get("status") == st.TRUE
                for c in (jobset.get("status") or {}).get("conditions") or [])

@@ -71,11 +71,11 @@ def record_outcome(outcome: str) -> None:
     _handler_state.outcome = outcome
 
 
-def instrumented(handler: str) -> Callable:
+def instrumented(handler: str) -> Callable[..., Any]:
     """Count and time every call of a sync handler: outcome, errors, seconds. Sync handlers run in
     kopf's worker threads, one call per thread at a time, so the outcome is a thread-local. A
     `Wait` is counted under its own outcome, not as an error."""
-    def decorate(fn: Callable) -> Callable:
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             _handler_state.outcome = "ok"
@@ -117,7 +117,7 @@ def reset_phase_gauges() -> None:
         _NAMES.clear()
 
 
-def count_phases(event: Mapping, body: Mapping, uid: str, **_: Any) -> None:
+def count_phases(event: Mapping[str, Any], body: Mapping[str, Any], uid: str, **_: Any) -> None:
     """Keep rosetta_operator_trainings{phase} equal to what the API holds, deletions included.
     Called on the event loop; the lock is for the startup hook's reset, which runs in a worker thread
     before any watch starts, and costs nothing uncontended."""
@@ -130,7 +130,7 @@ def count_phases(event: Mapping, body: Mapping, uid: str, **_: Any) -> None:
         _publish_restarts(event, body, uid)
 
 
-def _publish_restarts(event: Mapping, body: Mapping, uid: str) -> None:
+def _publish_restarts(event: Mapping[str, Any], body: Mapping[str, Any], uid: str) -> None:
     """rosetta_operator_training_(max_)restarts of one training; its series go with it."""
     meta = body.get("metadata") or {}
     if event.get("type") == "DELETED" or not meta.get("name"):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Callable, Iterable, Mapping, Optional, TextIO
+from typing import Any, Callable, Iterable, Mapping, Optional, TextIO
 
 from rosetta_operator.kube import Cluster, VerbError
 from rosetta_operator.progress import JOB_INDEX_LABEL, JOBSET_NAME_LABEL
@@ -26,11 +26,11 @@ POLL = 1.0
 DRAIN = 3.0
 
 
-def _meta(pod: Mapping) -> Mapping:
+def _meta(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     return pod.get("metadata") or {}
 
 
-def node_rank(pod: Mapping) -> Optional[int]:
+def node_rank(pod: Mapping[str, Any]) -> Optional[int]:
     meta = _meta(pod)
     index = (meta.get("annotations") or {}).get(COMPLETION_INDEX) or (meta.get("labels") or {}).get(COMPLETION_INDEX)
     try:
@@ -39,7 +39,7 @@ def node_rank(pod: Mapping) -> Optional[int]:
         return None
 
 
-def container_state(pod: Mapping, container: str = CONTAINER) -> Optional[str]:
+def container_state(pod: Mapping[str, Any], container: str = CONTAINER) -> Optional[str]:
     """`waiting`, `running` or `terminated` for the trainer container; None before the kubelet says."""
     for status in (pod.get("status") or {}).get("containerStatuses") or []:
         if status.get("name") == container:
@@ -48,12 +48,12 @@ def container_state(pod: Mapping, container: str = CONTAINER) -> Optional[str]:
     return None
 
 
-def has_log(pod: Mapping) -> bool:
+def has_log(pod: Mapping[str, Any]) -> bool:
     """Its container started: the kubelet has a log to give (a waiting container has none)."""
     return container_state(pod) in ("running", "terminated")
 
 
-def rank_pod(pods: Iterable[Mapping], jobset: str, rank: int) -> Optional[Mapping]:
+def rank_pod(pods: Iterable[Mapping[str, Any]], jobset: str, rank: int) -> Optional[Mapping[str, Any]]:
     """Node rank `rank`'s pod of the JobSet: the newest of that index, one not being deleted first
     (after a gang restart the old pods linger a moment beside the new ones)."""
     candidates = [p for p in pods
@@ -65,7 +65,7 @@ def rank_pod(pods: Iterable[Mapping], jobset: str, rank: int) -> Optional[Mappin
     return max(candidates, key=lambda p: (not _meta(p).get("deletionTimestamp"), str(_meta(p).get("creationTimestamp"))))
 
 
-def header(pod: Mapping, rank: int) -> str:
+def header(pod: Mapping[str, Any], rank: int) -> str:
     attempt = (_meta(pod).get("labels") or {}).get(RESTART_ATTEMPT_LABEL)
     after = f", gang restart {attempt}" if attempt not in (None, "0") else ""
     return f"--- node rank {rank}: pod {_meta(pod).get('name')}{after} ---"
@@ -150,7 +150,7 @@ def follow(cluster: Cluster, name: str, *, rank: int = 0, follow: bool = False, 
         training = cluster.existing_training(name)
 
 
-def _print_log(cluster: Cluster, pod: Mapping, *, follow: bool, tail: Optional[int], out: TextIO,
+def _print_log(cluster: Cluster, pod: Mapping[str, Any], *, follow: bool, tail: Optional[int], out: TextIO,
                sleep: Callable[[float], None], announce: Callable[[], None]) -> bool:
     """Copy the pod's log; while following, until the stream ends, the pod is gone, or DRAIN
     seconds after its container ended. A pod being deleted is followed to its end: a trainer

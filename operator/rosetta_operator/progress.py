@@ -57,7 +57,7 @@ def _round(value: Optional[float], digits: int) -> Optional[float]:
     return None if value is None else round(value, digits)
 
 
-def progress_from(metrics: Mapping[str, Any], *, now: str) -> Optional[dict]:
+def progress_from(metrics: Mapping[str, Any], *, now: str) -> Optional[dict[str, Any]]:
     """The `status.progress` object for what rank 0 reported, or None when it reported no step yet.
 
     Fields the trainer has not reported (no evaluation yet, no checkpoint, MFU on CPU) are left
@@ -128,18 +128,18 @@ def gender_progress(metrics: Mapping[str, Any]) -> dict[str, dict[str, float]]:
     return out
 
 
-def changed(current: Optional[Mapping], new: Mapping) -> bool:
+def changed(current: Optional[Mapping[str, Any]], new: Mapping[str, Any]) -> bool:
     """Whether `new` says anything `current` does not (timestamps aside)."""
     current = current or {}
     return any(current.get(k) != v for k, v in new.items() if k not in VOLATILE)
 
 
-def _index(pod: Mapping) -> Optional[str]:
+def _index(pod: Mapping[str, Any]) -> Optional[str]:
     meta = pod.get("metadata") or {}
     return (meta.get("annotations") or {}).get(COMPLETION_INDEX) or (meta.get("labels") or {}).get(COMPLETION_INDEX)
 
 
-def _is_rank0(pod: Mapping, jobset_name: str) -> bool:
+def _is_rank0(pod: Mapping[str, Any], jobset_name: str) -> bool:
     """Completion index 0 of the JobSet's (single) job."""
     labels = (pod.get("metadata") or {}).get("labels") or {}
     return (labels.get(JOBSET_NAME_LABEL) == jobset_name and _index(pod) == "0"
@@ -147,11 +147,11 @@ def _is_rank0(pod: Mapping, jobset_name: str) -> bool:
             and labels.get(REPLICATED_JOB_LABEL, REPLICATED_JOB) == REPLICATED_JOB)  # not the stage job's pod
 
 
-def _created(pod: Mapping) -> str:
+def _created(pod: Mapping[str, Any]) -> str:
     return str((pod.get("metadata") or {}).get("creationTimestamp") or "")
 
 
-def rank0_pod(pods: Iterable[Mapping], jobset_name: str) -> Optional[Mapping]:
+def rank0_pod(pods: Iterable[Mapping[str, Any]], jobset_name: str) -> Optional[Mapping[str, Any]]:
     """Rank 0's pod of a JobSet: completion index 0 of its (single) job, with an IP, not leaving.
 
     After a gang restart the old pods may linger while the new ones start: the newest wins.
@@ -167,7 +167,7 @@ def rank0_pod(pods: Iterable[Mapping], jobset_name: str) -> Optional[Mapping]:
     return max(candidates, key=_created) if candidates else None
 
 
-def final_result(pods: Iterable[Mapping], jobset_name: str) -> Optional[dict]:
+def final_result(pods: Iterable[Mapping[str, Any]], jobset_name: str) -> Optional[dict[str, Any]]:
     """The figures rank 0 left in its termination message when the run completed (final_result.py),
     from the newest rank-0 pod of the JobSet that has them; None when none did."""
     found = []
@@ -181,7 +181,7 @@ def final_result(pods: Iterable[Mapping], jobset_name: str) -> Optional[dict]:
     return max(found, key=lambda f: f[0])[1] if found else None
 
 
-def final_progress(current: Optional[Mapping], figures: Mapping, now: str) -> dict:
+def final_progress(current: Optional[Mapping[str, Any]], figures: Mapping[str, Any], now: str) -> dict[str, Any]:
     """status.progress with a finished run's figures folded in."""
     progress = {**(current or {}), **figures, "updatedAt": now}
     progress.pop("etaSeconds", None)
@@ -192,7 +192,7 @@ def final_progress(current: Optional[Mapping], figures: Mapping, now: str) -> di
     return progress
 
 
-def metrics_url(pod: Mapping, port: int) -> str:
+def metrics_url(pod: Mapping[str, Any], port: int) -> str:
     ip = pod["status"]["podIP"]
     host = f"[{ip}]" if ":" in ip else ip
     return f"http://{host}:{port}/metrics"

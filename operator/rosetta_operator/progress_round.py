@@ -6,14 +6,14 @@ the figures). Returns the round's outcome, which the operator counts.
 from __future__ import annotations
 
 import logging
-from typing import Mapping
+from typing import Any, Mapping
 
 import kubernetes
 
 from rosetta_contract.config import MetricsSpec
+from rosetta_contract.resource import Phase
 from rosetta_operator import progress as pr
 from rosetta_operator import scrape
-from rosetta_operator import status as st
 from rosetta_operator.api_calls import get_training, now, write_status
 
 # A trainer that does not answer this fast is busy or gone; the next round tries again. The whole
@@ -23,7 +23,7 @@ SCRAPE_MAX_BYTES = scrape.MAX_BYTES
 DEFAULT_METRICS_PORT = MetricsSpec.model_fields["port"].default
 
 
-def metrics_port(spec: Mapping) -> int:
+def metrics_port(spec: Mapping[str, Any]) -> int:
     return int((spec.get("metrics") or {}).get("port", DEFAULT_METRICS_PORT) or 0)
 
 
@@ -58,9 +58,9 @@ def update_progress(api: kubernetes.client.ApiClient, namespace: str, name: str,
         return "no_step"
     outcome = "unchanged"
 
-    def compute(parent: Mapping, current: Mapping) -> dict:
+    def compute(parent: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
         nonlocal outcome
-        if current.get("phase") in (st.Phase.SUCCEEDED, st.Phase.FAILED):
+        if current.get("phase") in (Phase.SUCCEEDED, Phase.FAILED):
             return dict(current)  # a scrape from before the end must not undo the final figures
         if not pr.changed(current.get("progress"), progress):
             return dict(current)

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
 import jinja2
 import yaml
@@ -81,10 +81,10 @@ class Names:
 @dataclass(frozen=True)
 class Rendered:
     names: Names
-    configmap: dict
-    jobset: dict
+    configmap: dict[str, Any]
+    jobset: dict[str, Any]
 
-    def objects(self) -> list[dict]:
+    def objects(self) -> list[dict[str, Any]]:
         """Creation order: the JobSet's pods mount the ConfigMap."""
         return [self.configmap, self.jobset]
 
@@ -126,7 +126,7 @@ def labels_for(name: str) -> dict[str, str]:
     return {**BASE_LABELS, TRAINING_LABEL: label_value(name)}
 
 
-def owner_references(owner: Mapping | None) -> list[dict]:
+def owner_references(owner: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     """Accepts an ownerReference or the owning object itself (e.g. kopf's body)."""
     if not owner:
         return []
@@ -148,7 +148,7 @@ def suspend_value(suspend: bool) -> str:
     return "true" if suspend else "false"
 
 
-def suspend_patch(jobset: dict, suspend: bool) -> dict | None:
+def suspend_patch(jobset: dict[str, Any], suspend: bool) -> dict[str, Any] | None:
     """The JobSet patch that applies the training's spec.suspend, or None.
 
     Only a change of the user's value since it was last applied (APPLIED_SUSPEND) touches the
@@ -159,13 +159,13 @@ def suspend_patch(jobset: dict, suspend: bool) -> dict | None:
     recorded = (jobset["metadata"].get("annotations") or {}).get(APPLIED_SUSPEND)
     if recorded == suspend_value(suspend):
         return None
-    patch: dict = {"metadata": {"annotations": {APPLIED_SUSPEND: suspend_value(suspend)}}}
+    patch: dict[str, Any] = {"metadata": {"annotations": {APPLIED_SUSPEND: suspend_value(suspend)}}}
     if recorded is not None:
         patch["spec"] = {"suspend": suspend}
     return patch
 
 
-def pod_failure_policy() -> dict:
+def pod_failure_policy() -> dict[str, Any]:
     """A pod the cluster took away fails its Job at once, with a reason the JobSet can tell apart."""
     return {"rules": [{"action": "FailJob",
                        "onPodConditions": [{"type": DISRUPTION_TARGET, "status": "True"}]}]}
@@ -175,12 +175,12 @@ def pod_failure_policy() -> dict:
 STAGE_REFUSED_RULE = "stage_refused"
 
 
-def failure_policy(spec: TranslationTrainingSpec) -> dict:
+def failure_policy(spec: TranslationTrainingSpec) -> dict[str, Any]:
     """Preemption restarts the gang without using up maxRestarts; any other failure falls through
     to the JobSet's default, RestartJobSet, which counts. With a stage job, its pod failure policy
     fails it for a source that is not there: that fails the JobSet at once (no rule sees it as a
     preemption, and a restart would only ask again)."""
-    rules: list[dict] = [{"name": PREEMPTION_RULE, "action": PREEMPTION_ACTION,
+    rules: list[dict[str, Any]] = [{"name": PREEMPTION_RULE, "action": PREEMPTION_ACTION,
                           "onJobFailureReasons": [POD_FAILURE_POLICY_REASON]}]
     if has_stage_job(spec):
         rules = [{"name": STAGE_REFUSED_RULE, "action": "FailJobSet", "onJobFailureReasons": [POD_FAILURE_POLICY_REASON],
@@ -203,7 +203,7 @@ def grace_period_seconds(spec: TranslationTrainingSpec) -> int:
     return DEFAULT_GRACE_PERIOD_SECONDS if grace is None else grace
 
 
-def launcher_env(spec: TranslationTrainingSpec, names: Names) -> list[dict]:
+def launcher_env(spec: TranslationTrainingSpec, names: Names) -> list[dict[str, Any]]:
     """Env the launcher command reads through $(VAR); every name is launcher-owned (spec.LAUNCHER_ENV*)."""
     values = {
         "ROSETTA_TRAINING": names.training,
@@ -231,13 +231,13 @@ def launcher_env(spec: TranslationTrainingSpec, names: Names) -> list[dict]:
     return env
 
 
-def profile_env(spec: TranslationTrainingSpec) -> list[dict]:
+def profile_env(spec: TranslationTrainingSpec) -> list[dict[str, Any]]:
     """The profile's env, less what the user sets of the names they may (profiles.USER_OVERRIDABLE)."""
     own = {var.name for var in spec.env}
     return [{"name": k, "value": v} for k, v in PROFILES[spec.network.profile].env.items() if k not in own]
 
 
-def user_env(spec: TranslationTrainingSpec) -> list[dict]:
+def user_env(spec: TranslationTrainingSpec) -> list[dict[str, Any]]:
     env = [var.model_dump(by_alias=True, exclude_none=True) for var in spec.env]
     cache = spec.volume_for("cache")
     if cache and not any(var.name == "HF_HOME" for var in spec.env):
@@ -249,7 +249,7 @@ def user_env(spec: TranslationTrainingSpec) -> list[dict]:
 S3_SECRET_KEYS = (("AWS_ACCESS_KEY_ID", False), ("AWS_SECRET_ACCESS_KEY", False), ("AWS_SESSION_TOKEN", True))
 
 
-def s3_credentials_env(spec: TranslationTrainingSpec) -> list[dict]:
+def s3_credentials_env(spec: TranslationTrainingSpec) -> list[dict[str, Any]]:
     """The checkpoint mirror's credentials, only ever by reference to a Secret. Without
     credentialsSecret nothing is added: the pod uses the standard AWS chain (IRSA,
     EKS Pod Identity, instance profile)."""
@@ -270,7 +270,7 @@ def s3_credentials_env(spec: TranslationTrainingSpec) -> list[dict]:
     return env
 
 
-def tracking_env(spec: TranslationTrainingSpec) -> list[dict]:
+def tracking_env(spec: TranslationTrainingSpec) -> list[dict[str, Any]]:
     """The experiment trackers' credentials, by reference to the Secrets spec.tracking names:
     the key itself never reaches the TranslationTraining, its ConfigMap or the JobSet."""
     refs = []
@@ -302,7 +302,7 @@ def command(spec: TranslationTrainingSpec) -> list[str]:
             "--master-port=$(ROSETTA_MASTER_PORT)", "-m", "rosetta_trainer", *trainer]
 
 
-def pod_security_context(spec: TranslationTrainingSpec) -> dict:
+def pod_security_context(spec: TranslationTrainingSpec) -> dict[str, Any]:
     """Non-root always (spec.py refuses UID 0); the image's user unless podSecurity picks another."""
     sec = spec.pod_security
     uid = sec.run_as_user if sec.run_as_user is not None else TRAINER_UID
@@ -318,7 +318,7 @@ def pod_security_context(spec: TranslationTrainingSpec) -> dict:
     }
 
 
-def container_security_context() -> dict:
+def container_security_context() -> dict[str, Any]:
     # No profile adds a capability: IPC_LOCK (memlock for EFA's registered memory) would never
     # reach a non-root process's effective set, as Kubernetes sets no ambient capabilities; the
     # node's runtime must give an unlimited memlock limit instead (docs/operator.md, Security).
@@ -330,7 +330,7 @@ def container_security_context() -> dict:
     }
 
 
-def resources(spec: TranslationTrainingSpec) -> dict:
+def resources(spec: TranslationTrainingSpec) -> dict[str, Any]:
     requests: dict[str, Any] = {}
     limits: dict[str, Any] = {}
     if spec.resources.cpu:
@@ -347,7 +347,7 @@ def resources(spec: TranslationTrainingSpec) -> dict:
     return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
 
 
-def volumes(spec: TranslationTrainingSpec, names: Names) -> tuple[list[dict], list[dict]]:
+def volumes(spec: TranslationTrainingSpec, names: Names) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(pod volumes, container mounts): config, /dev/shm, the output fallback, then the user's."""
     vols: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": names.configmap}},
@@ -377,7 +377,7 @@ def volumes(spec: TranslationTrainingSpec, names: Names) -> tuple[list[dict], li
     return vols, mounts
 
 
-def scheduling(spec: TranslationTrainingSpec) -> tuple[dict, list[dict]]:
+def scheduling(spec: TranslationTrainingSpec) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(nodeSelector, tolerations): the profile's, then the user's (which win)."""
     selector = {**PROFILES[spec.network.profile].node_selector, **spec.scheduling.node_selector}
     tolerations = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.scheduling.tolerations]
@@ -387,7 +387,7 @@ def scheduling(spec: TranslationTrainingSpec) -> tuple[dict, list[dict]]:
     return selector, tolerations
 
 
-def _drop_unset_nones(model: BaseModel, dumped: dict) -> dict:
+def _drop_unset_nones(model: BaseModel, dumped: dict[str, Any]) -> dict[str, Any]:
     """Drop `key: null` where null is the field's default; a null that overrides a
     default (clipGradNorm: null disables clipping) must stay."""
     out: dict[str, Any] = {}
@@ -413,7 +413,7 @@ def training_yaml(name: str, namespace: str, spec: TranslationTrainingSpec) -> s
         del resolved["training"]  # placeholders, not a training the trainer would accept
     doc = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name, "namespace": namespace},
            "spec": resolved}
-    return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
+    return str(yaml.dump(doc, Dumper=_Dumper, sort_keys=False, allow_unicode=True))
 
 
 # ------------------------------------------------------------------------ render
@@ -431,11 +431,11 @@ def _env() -> jinja2.Environment:
     return env
 
 
-def _render_template(template: str, **context) -> dict:
-    return yaml.load(_env().get_template(template).render(**context), Loader=_Loader)
+def _render_template(template: str, **context: Any) -> dict[str, Any]:
+    return cast(dict[str, Any], yaml.load(_env().get_template(template).render(**context), Loader=_Loader))
 
 
-def render(name: str, namespace: str, spec: TranslationTrainingSpec, owner: Mapping | None = None) -> Rendered:
+def render(name: str, namespace: str, spec: TranslationTrainingSpec, owner: Mapping[str, Any] | None = None) -> Rendered:
     """What the operator creates for TranslationTraining `namespace/name`."""
     names = resource_names(name, spec.nodes)
     labels = labels_for(name)
@@ -482,7 +482,7 @@ def render(name: str, namespace: str, spec: TranslationTrainingSpec, owner: Mapp
 # ----------------------------------------------------------------------- staging
 
 
-def staging_sources(spec: TranslationTrainingSpec) -> list:
+def staging_sources(spec: TranslationTrainingSpec) -> list[Any]:
     return [source for _, source in spec.staging_sources()]
 
 
@@ -494,21 +494,21 @@ def has_stage_job(spec: TranslationTrainingSpec) -> bool:
     return bool(staging_sources(spec)) or prepares_before_training(spec)
 
 
-def stage_refused_rule() -> dict:
+def stage_refused_rule() -> dict[str, Any]:
     """The pod failure policy rule that fails a Job at once when `rosetta stage` exits with the
     data-error code (a source that is not there): retrying would only ask again."""
     return {"action": "FailJob", "onExitCodes": {"containerName": STAGE_JOB, "operator": "In",
                                                  "values": [DATA_INVALID_EXIT]}}
 
 
-def offline_env(spec: TranslationTrainingSpec) -> list[dict]:
+def offline_env(spec: TranslationTrainingSpec) -> list[dict[str, Any]]:
     """The gang reads what the stage job copied: no pod asks the hub (which an offline cluster
     cannot reach, and which would otherwise be asked once per rank)."""
     own = {var.name for var in spec.env}
     return [{"name": k, "value": "1"} for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") if k not in own]
 
 
-def staging_credentials_env(spec: TranslationTrainingSpec) -> list[dict]:
+def staging_credentials_env(spec: TranslationTrainingSpec) -> list[dict[str, Any]]:
     """The S3 credentials of model.source and data.source, by reference to their Secret (one: both
     reach the pod under the same AWS_* names)."""
     secrets = {s.credentials_secret for s in staging_sources(spec) if s.credentials_secret}
@@ -523,7 +523,7 @@ def staging_credentials_env(spec: TranslationTrainingSpec) -> list[dict]:
             for key, optional in S3_SECRET_KEYS]
 
 
-def stage_container(spec: TranslationTrainingSpec, names: Names, mounts: list[dict]) -> dict:
+def stage_container(spec: TranslationTrainingSpec, names: Names, mounts: list[dict[str, Any]]) -> dict[str, Any]:
     """`rosetta stage` in the trainer image: the stage job's container, and in mode evaluate the
     evaluation pod's init container. With data.prepare: BeforeTraining it then tokenizes the
     training data into the training's output, with the CPU and memory a gang pod would have."""
@@ -549,7 +549,7 @@ def stage_container(spec: TranslationTrainingSpec, names: Names, mounts: list[di
     return container
 
 
-def prepare_resources(spec: TranslationTrainingSpec) -> dict:
+def prepare_resources(spec: TranslationTrainingSpec) -> dict[str, Any]:
     """A gang pod's CPU and memory (tokenizing uses every core it gets), no accelerator; the stage
     default where the spec sets none."""
     requests = {"cpu": spec.resources.cpu or STAGE_RESOURCES["requests"]["cpu"],
@@ -557,8 +557,8 @@ def prepare_resources(spec: TranslationTrainingSpec) -> dict:
     return {"requests": requests, "limits": {"memory": spec.resources.memory or STAGE_RESOURCES["limits"]["memory"]}}
 
 
-def stage_job(spec: TranslationTrainingSpec, names: Names, labels: dict, pod_volumes: list[dict],
-              mounts: list[dict]) -> dict | None:
+def stage_job(spec: TranslationTrainingSpec, names: Names, labels: dict[str, Any], pod_volumes: list[dict[str, Any]],
+              mounts: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The replicated job that runs `rosetta stage` once before the gang; None without a source
     or data to prepare."""
     if not has_stage_job(spec):
@@ -604,7 +604,7 @@ CONFIGMAP_LIMIT = 1024 * 1024
 OBJECT_LIMIT = 1536 * 1024 - 16 * 1024
 
 
-def check_sizes(spec: TranslationTrainingSpec, configmap: dict, jobset: dict) -> None:
+def check_sizes(spec: TranslationTrainingSpec, configmap: dict[str, Any], jobset: dict[str, Any]) -> None:
     """Refuse, before any API call, a spec whose objects Kubernetes would refuse on every retry,
     naming the spec field that takes the most room."""
     dumped = spec.model_dump(mode="json", by_alias=True, exclude_defaults=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import http.client
 import socket
 import time
+from typing import Any
 from urllib.parse import urlsplit
 
 # The trainer's metrics page is a few KiB; a reply this large is not the trainer's.
@@ -52,15 +53,15 @@ class _DeadlineSocket(socket.socket):
             raise TimeoutError("deadline passed")
         return remaining
 
-    def recv_into(self, buffer, nbytes=0, flags=0):  # what the response's buffered reader calls
+    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:  # what the response's buffered reader calls
         self.settimeout(self._remaining())
         return super().recv_into(buffer, nbytes, flags)
 
-    def recv(self, bufsize, flags=0):
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
         self.settimeout(self._remaining())
         return super().recv(bufsize, flags)
 
-    def sendall(self, data, flags=0):
+    def sendall(self, data: Any, flags: int = 0) -> None:
         self.settimeout(self._remaining())
         return super().sendall(data, flags)
 

@@ -9,7 +9,7 @@ match on them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Optional, TypeGuard
+from typing import Any, Iterable, Mapping, Optional, TypeGuard, cast
 
 from rosetta_contract.exits import TERMINATION_PREFIX
 from rosetta_contract.resource import Phase
@@ -124,25 +124,25 @@ def refused_message(fields: list[str]) -> str:
 # ----------------------------------------------------------------------------- JobSet
 
 
-def _jobset_condition(jobset: Mapping, type_: str) -> Optional[Mapping]:
+def _jobset_condition(jobset: Mapping[str, Any], type_: str) -> Optional[Mapping[str, Any]]:
     for cond in (jobset.get("status") or {}).get("conditions") or []:
         if cond.get("type") == type_:
-            return cond
+            return cast(Mapping[str, Any], cond)
     return None
 
 
-def _is_true(cond: Optional[Mapping]) -> TypeGuard[Mapping]:
+def _is_true(cond: Optional[Mapping[str, Any]]) -> TypeGuard[Mapping[str, Any]]:
     return cond is not None and cond.get("status") == TRUE
 
 
-def expected_jobs(jobset: Mapping) -> int:
+def expected_jobs(jobset: Mapping[str, Any]) -> int:
     """Child Jobs the JobSet runs when healthy: the sum of its replicatedJobs' replicas, less the
     stage job (it has finished before the gang starts)."""
     return sum(int(rj.get("replicas", 1)) for rj in (jobset.get("spec") or {}).get("replicatedJobs") or []
                if rj.get("name") != STAGE_JOB)
 
 
-def job_counts(jobset: Mapping) -> dict[str, int]:
+def job_counts(jobset: Mapping[str, Any]) -> dict[str, int]:
     """The gang's Jobs by state (the stage job's: _stage_status)."""
     counts = {"ready": 0, "active": 0, "succeeded": 0, "failed": 0, "suspended": 0}
     for rjs in (jobset.get("status") or {}).get("replicatedJobsStatus") or []:
@@ -153,22 +153,22 @@ def job_counts(jobset: Mapping) -> dict[str, int]:
     return counts
 
 
-def _stage_status(jobset: Mapping) -> Mapping:
+def _stage_status(jobset: Mapping[str, Any]) -> Mapping[str, Any]:
     """The stage job's entry of replicatedJobsStatus ({} before the controller wrote one)."""
     return next((rjs for rjs in (jobset.get("status") or {}).get("replicatedJobsStatus") or []
                  if rjs.get("name") == STAGE_JOB), {})
 
 
-def staging(jobset: Mapping) -> bool:
+def staging(jobset: Mapping[str, Any]) -> bool:
     """The JobSet has a stage job (model.source, data.source) that has not completed yet."""
     if not any(rj.get("name") == STAGE_JOB for rj in (jobset.get("spec") or {}).get("replicatedJobs") or []):
         return False
     return int(_stage_status(jobset).get("succeeded") or 0) < 1
 
 
-def stage_work(jobset: Mapping) -> str:
+def stage_work(jobset: Mapping[str, Any]) -> str:
     """What the stage job does, read from its command (`rosetta stage [--prepare OUTPUT]`)."""
-    stage: Mapping = next((rj for rj in (jobset.get("spec") or {}).get("replicatedJobs") or [] if rj.get("name") == STAGE_JOB), {})
+    stage: Mapping[str, Any] = next((rj for rj in (jobset.get("spec") or {}).get("replicatedJobs") or [] if rj.get("name") == STAGE_JOB), {})
     containers = ((((stage.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec") or {}) \
         .get("containers") or [{}]
     command = containers[0].get("command") or []
@@ -184,7 +184,7 @@ def _jobset_conditions(running: Cond, suspended: Cond, succeeded: Cond, failed: 
     return (running, suspended, succeeded, failed)
 
 
-def restart_counts(jobset: Mapping) -> tuple[int, int]:
+def restart_counts(jobset: Mapping[str, Any]) -> tuple[int, int]:
     """(failures, preemptions): the JobSet's restarts that counted towards failurePolicy.maxRestarts,
     and those its preemption rule (RestartJobSetAndIgnoreMaxRestarts) let through for free.
 
@@ -202,7 +202,7 @@ def restart_counts(jobset: Mapping) -> tuple[int, int]:
     return failures, restarts - failures
 
 
-def _restart_message(jobset: Mapping, failures: int, preemptions: int, previous_restarts: Optional[int],
+def _restart_message(jobset: Mapping[str, Any], failures: int, preemptions: int, previous_restarts: Optional[int],
                      previous_preemptions: Optional[int], ready_text: str) -> str:
     """`restart 3 after a preemption: 0/1 jobs ready (failures 1/3, preemptions 2)`. The cause is
     the one counter that grew since the previous status, else the only kind there has been; when
@@ -220,25 +220,25 @@ def _restart_message(jobset: Mapping, failures: int, preemptions: int, previous_
     return f"restart {failures + preemptions}{cause}: {ready_text} (failures {budget}, preemptions {preemptions})"
 
 
-def queue_of(jobset: Mapping) -> Optional[str]:
+def queue_of(jobset: Mapping[str, Any]) -> Optional[str]:
     """The Kueue LocalQueue the JobSet was submitted to (the label render.py sets)."""
     return ((jobset.get("metadata") or {}).get("labels") or {}).get(KUEUE_QUEUE_LABEL)
 
 
-def workload_inactive(workload: Optional[Mapping]) -> bool:
+def workload_inactive(workload: Optional[Mapping[str, Any]]) -> bool:
     """Kueue holds a Workload whose spec.active is false: nothing of it is admitted or queued."""
     return workload is not None and (workload.get("spec") or {}).get("active") is False
 
 
-def waits_for_kueue(jobset: Mapping, held: bool) -> bool:
+def waits_for_kueue(jobset: Mapping[str, Any], held: bool) -> bool:
     """Suspended under a queue without the user asking: Kueue has not admitted it (or took it back)."""
     return bool(queue_of(jobset)) and not held and bool((jobset.get("spec") or {}).get("suspend"))
 
 
-def _kueue_condition(workload: Mapping, type_: str) -> Optional[Mapping]:
+def _kueue_condition(workload: Mapping[str, Any], type_: str) -> Optional[Mapping[str, Any]]:
     for cond in (workload.get("status") or {}).get("conditions") or []:
         if cond.get("type") == type_:
-            return cond
+            return cast(Mapping[str, Any], cond)
     return None
 
 
@@ -247,7 +247,7 @@ def _admitted(queue: str) -> Cond:
     return Cond(ConditionType.ADMITTED, TRUE, Reason.ADMITTED, f"admitted by Kueue (LocalQueue {queue})")
 
 
-def workload_admission(workload: Optional[Mapping], queue: str) -> Cond:
+def workload_admission(workload: Optional[Mapping[str, Any]], queue: str) -> Cond:
     """Kueue's decision on a JobSet's Workload (kueue.x-k8s.io/v1beta1) as our Admitted condition.
 
     While it waits, the message is Kueue's own reason, preferring what it waits for now (no quota
@@ -268,10 +268,10 @@ def workload_admission(workload: Optional[Mapping], queue: str) -> Cond:
     return Cond(ConditionType.ADMITTED, FALSE, Reason.QUEUED, truncate(f"queued in {where}: {why}"))
 
 
-def observe_jobset(jobset: Optional[Mapping], *, previous_phase: Optional[str] = None,
+def observe_jobset(jobset: Optional[Mapping[str, Any]], *, previous_phase: Optional[str] = None,
                    previous_start_time: Optional[str] = None, previous_restarts: Optional[int] = None,
                    previous_preemptions: Optional[int] = None, held: bool = False,
-                   workload: Optional[Mapping] = None, now: str = "") -> Observation:
+                   workload: Optional[Mapping[str, Any]] = None, now: str = "") -> Observation:
     """Map a JobSet (spec + status, as read from the API) to our phase and conditions.
 
     Precedence follows what a user would want to know first: finished beats suspended beats
@@ -387,11 +387,11 @@ def observe_jobset(jobset: Optional[Mapping], *, previous_phase: Optional[str] =
 # ------------------------------------------------------------------------ data errors
 
 
-def jobset_succeeded(jobset: Mapping) -> bool:
+def jobset_succeeded(jobset: Mapping[str, Any]) -> bool:
     return _is_true(_jobset_condition(jobset, "Completed"))
 
 
-def shows_failure(jobset: Mapping, previous_restarts: Optional[int]) -> bool:
+def shows_failure(jobset: Mapping[str, Any], previous_restarts: Optional[int]) -> bool:
     """A job failed, the JobSet failed, or it restarted after a failure since we last looked
     (`previous_restarts`: status.restarts, which counts failures only): the moment to ask the pods
     why (the JobSet says only that a job failed). A preemption is no data error."""
@@ -402,7 +402,7 @@ def shows_failure(jobset: Mapping, previous_restarts: Optional[int]) -> bool:
             or restart_counts(jobset)[0] > int(previous_restarts or 0))
 
 
-def data_invalid_message(pods: Iterable[Mapping]) -> Optional[str]:
+def data_invalid_message(pods: Iterable[Mapping[str, Any]]) -> Optional[str]:
     """`pod mt-node-0-0: train.de:17: not UTF-8 text …` when a container of these pods ended with
     the trainer's data error in its termination message (data_checks.report_data_invalid)."""
     for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("name") or ""):
@@ -420,7 +420,7 @@ def data_invalid_message(pods: Iterable[Mapping]) -> Optional[str]:
     return None
 
 
-def is_data_invalid(status: Mapping) -> bool:
+def is_data_invalid(status: Mapping[str, Any]) -> bool:
     return _is_true(condition(status, ConditionType.DATA_INVALID))
 
 
@@ -442,7 +442,7 @@ def observe_data_invalid(message: str, *, restarts: Optional[int] = None, preemp
 # -------------------------------------------------------------------------- scheduling
 
 
-def pod_scheduling(pod: Mapping) -> Optional[Cond]:
+def pod_scheduling(pod: Mapping[str, Any]) -> Optional[Cond]:
     """The scheduler's verdict on one pod as a Scheduled condition: False with its message
     (`0/4 nodes are available: 4 Insufficient nvidia.com/gpu.`) while no node fits, True once the
     pod is bound, None before a verdict or while a scheduling gate (Kueue's) holds it back."""
@@ -502,8 +502,8 @@ class UnschedulablePods:
 # -------------------------------------------------------------------------- conditions
 
 
-def upsert_conditions(existing: Iterable[Mapping], updates: Iterable[Cond], *, now: str,
-                      generation: Optional[int] = None) -> list[dict]:
+def upsert_conditions(existing: Iterable[Mapping[str, Any]], updates: Iterable[Cond], *, now: str,
+                      generation: Optional[int] = None) -> list[dict[str, Any]]:
     """Replace conditions by type, keeping lastTransitionTime when the status did not change.
 
     Order is stable: existing types keep their place, new types are appended, so a status that did
@@ -528,15 +528,15 @@ def upsert_conditions(existing: Iterable[Mapping], updates: Iterable[Cond], *, n
     return out
 
 
-def condition(status: Mapping, type_: str) -> Optional[Mapping]:
+def condition(status: Mapping[str, Any], type_: str) -> Optional[Mapping[str, Any]]:
     for cond in (status or {}).get("conditions") or []:
         if cond.get("type") == type_:
-            return cond
+            return cast(Mapping[str, Any], cond)
     return None
 
 
-def merge_status(current: Mapping, observation: Observation, *, now: str,
-                 generation: Optional[int] = None) -> dict:
+def merge_status(current: Mapping[str, Any], observation: Observation, *, now: str,
+                 generation: Optional[int] = None) -> dict[str, Any]:
     """The whole desired status: `current` with the observation folded in.
 
     A Scheduled=False condition (the pod watch's) shows in the message while pods should be
@@ -568,7 +568,7 @@ def merge_status(current: Mapping, observation: Observation, *, now: str,
     return desired
 
 
-def status_patch(current: Mapping, desired: Mapping) -> Optional[dict]:
+def status_patch(current: Mapping[str, Any], desired: Mapping[str, Any]) -> Optional[dict[str, Any]]:
     """The merge patch turning `current` into `desired`, or None when nothing changed.
 
     Only keys in `desired` are compared: fields other writers own (progress, filled by the trainer's

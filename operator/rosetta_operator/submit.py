@@ -9,7 +9,7 @@ apiserver's defaults and the operator's apply as they would to `kubectl apply`.
 
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 from rosetta_contract.documents import apply_overrides, read_yaml
 from rosetta_contract.resource import KIND
@@ -17,7 +17,7 @@ from rosetta_contract.strict_model import ConfigError
 from rosetta_operator.kube import FIELD_MANAGER, INVALID, Cluster, VerbError
 
 
-def read_documents(path: str, overrides: list[str], allow_host_path: bool = False) -> list[dict]:
+def read_documents(path: str, overrides: list[str], allow_host_path: bool = False) -> list[dict[str, Any]]:
     """The file's documents, its TranslationTraining with `overrides` applied and validated (a
     ConfigError, exit 2, names every problem)."""
     from rosetta_contract import strict_yaml
@@ -40,15 +40,15 @@ def read_documents(path: str, overrides: list[str], allow_host_path: bool = Fals
     return out
 
 
-def kind_name(doc: dict) -> str:
+def kind_name(doc: dict[str, Any]) -> str:
     """kubectl's `translationtraining.rosetta.dev/NAME`, `persistentvolumeclaim/NAME`."""
     api_version = doc.get("apiVersion", "")
     group = api_version.split("/")[0] if "/" in api_version else ""
     return f"{doc['kind'].lower()}{'.' + group if group else ''}/{doc['metadata']['name']}"
 
 
-def apply_documents(cluster: Cluster, documents: list[dict], *, force: bool = False,
-                    namespace: Optional[str] = None) -> Iterator[tuple[str, dict]]:
+def apply_documents(cluster: Cluster, documents: list[dict[str, Any]], *, force: bool = False,
+                    namespace: Optional[str] = None) -> Iterator[tuple[str, dict[str, Any]]]:
     """Server-side apply each document; yields (`KIND/NAME created|configured|unchanged`, the object
     as the server returned it). `namespace`: the one given with -n, which a document's own must match."""
     from kubernetes.dynamic import DynamicClient

@@ -16,6 +16,12 @@ import functools
 import re
 import sys
 import time
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Protocol
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from rosetta_operator.kube import Cluster
 
 DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s?)?$")
 
@@ -49,7 +55,7 @@ def _output_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table", help="output format")
 
 
-def add_verbs(sub: argparse._SubParsersAction) -> None:
+def add_verbs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from rosetta_contract.document_arguments import add_document_arguments
 
     p = sub.add_parser("submit", help="validate a TranslationTraining file and apply it to the cluster "
@@ -117,10 +123,10 @@ def add_verbs(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_tensorboard)
 
 
-def _reported(command):
+def _reported(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """One `error: …` line and the exit status for every failure a verb can meet."""
     @functools.wraps(command)
-    def run(args) -> int:
+    def run(args: argparse.Namespace) -> int:
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
@@ -139,20 +145,21 @@ def _reported(command):
     return run
 
 
-def _connect(args):
+def _connect(args: argparse.Namespace) -> Cluster:
     from rosetta_operator.kube import connect
 
-    args._cluster = connect(args.kubeconfig, args.context, args.namespace)
-    return args._cluster
+    cluster = connect(args.kubeconfig, args.context, args.namespace)
+    args._cluster = cluster  # for _reported's error message
+    return cluster
 
 
-def _now():
+def _now() -> datetime:
     from datetime import datetime, timezone
 
     return datetime.now(timezone.utc)
 
 
-def _deadline(timeout):
+def _deadline(timeout: float | None) -> float | None:
     return None if timeout is None else time.monotonic() + timeout
 
 
@@ -160,7 +167,7 @@ def _deadline(timeout):
 
 
 @_reported
-def _cmd_submit(args) -> int:
+def _cmd_submit(args: argparse.Namespace) -> int:
     from rosetta_operator.submit import apply_documents, read_documents
 
     documents = read_documents(args.file, args.overrides, allow_host_path=args.allow_host_path)
@@ -181,7 +188,7 @@ def _cmd_submit(args) -> int:
 
 
 @_reported
-def _cmd_get(args) -> int:
+def _cmd_get(args: argparse.Namespace) -> int:
     from rosetta_operator import describe
 
     cluster = _connect(args)
@@ -202,7 +209,7 @@ def _cmd_get(args) -> int:
 
 
 @_reported
-def _cmd_status(args) -> int:
+def _cmd_status(args: argparse.Namespace) -> int:
     from rosetta_operator import describe
 
     cluster = _connect(args)
@@ -218,7 +225,7 @@ def _cmd_status(args) -> int:
 
 
 @_reported
-def _cmd_logs(args) -> int:
+def _cmd_logs(args: argparse.Namespace) -> int:
     from rosetta_operator.pod_logs import follow
 
     cluster = _connect(args)
@@ -229,11 +236,17 @@ def _cmd_logs(args) -> int:
 # -------------------------------------------------------------------------------- wait
 
 
+class _Goal(Protocol):
+    """What `rosetta wait --for` waits for: met by the training as read (None: it is gone)."""
+
+    def met(self, obj: Optional[Mapping[str, Any]]) -> bool: ...
+
+
 class _Phase:
     def __init__(self, phase: str):
         self.phase = phase
 
-    def met(self, obj) -> bool:
+    def met(self, obj: Optional[Mapping[str, Any]]) -> bool:
         return obj is not None and (obj.get("status") or {}).get("phase") == self.phase
 
     def __str__(self) -> str:
@@ -244,7 +257,7 @@ class _Condition:
     def __init__(self, type_: str, status: str):
         self.type, self.status = type_, status
 
-    def met(self, obj) -> bool:
+    def met(self, obj: Optional[Mapping[str, Any]]) -> bool:
         conditions = ((obj or {}).get("status") or {}).get("conditions") or []
         return any(c.get("type") == self.type and str(c.get("status")).lower() == self.status.lower()
                    for c in conditions)
@@ -254,14 +267,14 @@ class _Condition:
 
 
 class _Deleted:
-    def met(self, obj) -> bool:
+    def met(self, obj: Optional[Mapping[str, Any]]) -> bool:
         return obj is None
 
     def __str__(self) -> str:
         return "deletion"
 
 
-def parse_for(text: str):
+def parse_for(text: str) -> _Goal:
     """`--for` as kubectl wait takes it: phase=Succeeded, condition=Running[=False], delete."""
     from rosetta_contract.resource import PHASES
     from rosetta_operator.kube import INVALID, VerbError
@@ -282,7 +295,7 @@ def parse_for(text: str):
     raise VerbError(f"--for {text}: expected phase=PHASE, condition=TYPE[=STATUS] or delete", INVALID)
 
 
-def _wait_until(cluster, name: str, goal, deadline, *, progress: bool = False, quiet: bool = False) -> int:
+def _wait_until(cluster: Cluster, name: str, goal: _Goal, deadline: float | None, *, progress: bool = False, quiet: bool = False) -> int:
     """0 when `goal` is met; VerbError when the training ends elsewhere, is gone, or time runs out.
     `progress`: each new phase and progress figure on stderr."""
     from rosetta_operator.kube import RESOURCE, VerbError, not_found
@@ -309,7 +322,7 @@ def _wait_until(cluster, name: str, goal, deadline, *, progress: bool = False, q
 
 
 @_reported
-def _cmd_wait(args) -> int:
+def _cmd_wait(args: argparse.Namespace) -> int:
     goal = parse_for(args.condition)
     cluster = _connect(args)
     return _wait_until(cluster, args.name, goal, _deadline(args.timeout))
@@ -319,7 +332,7 @@ def _cmd_wait(args) -> int:
 
 
 @_reported
-def _cmd_delete(args) -> int:
+def _cmd_delete(args: argparse.Namespace) -> int:
     from rosetta_operator.kube import RESOURCE, not_found
 
     cluster = _connect(args)
@@ -337,7 +350,7 @@ def _cmd_delete(args) -> int:
 
 
 @_reported
-def _cmd_tensorboard(args) -> int:
+def _cmd_tensorboard(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from rosetta_operator.event_files import default_dest, serve

@@ -28,7 +28,7 @@ import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import yaml
 
@@ -136,7 +136,7 @@ class Mounts:
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 def gpu_count() -> int:
@@ -176,20 +176,20 @@ def _translate_config(text: str, paths: PathMap) -> str:
             return paths.local(value)
         return value
     # The ConfigMap render.py wrote; read as strictly as the file it came from.
-    return yaml.safe_dump(walk(strict_yaml.load(text)), sort_keys=False, allow_unicode=True)
+    return str(yaml.safe_dump(walk(strict_yaml.load(text)), sort_keys=False, allow_unicode=True))
 
 
-def _replicated_job(rendered: Rendered, name: str) -> dict | None:
+def _replicated_job(rendered: Rendered, name: str) -> dict[str, Any] | None:
     return next((job for job in rendered.jobset["spec"]["replicatedJobs"] if job["name"] == name), None)
 
 
-def _pod_template(rendered: Rendered) -> dict:
+def _pod_template(rendered: Rendered) -> dict[str, Any]:
     """The gang's pod (the stage job's, when there is one, runs before it: plan_stage)."""
     job = _replicated_job(rendered, REPLICATED_JOB)
     if job is None:
         names = [job["name"] for job in rendered.jobset["spec"]["replicatedJobs"]]
         raise LocalRunError(f"expected a replicated job named {REPLICATED_JOB}, the JobSet has {names}")
-    return job["template"]["spec"]["template"]["spec"]
+    return cast(dict[str, Any], job["template"]["spec"]["template"]["spec"])
 
 
 def plan_stage(rendered: Rendered, mounts: Mounts, warn: Callable[[str], None] = print) -> LocalPod | None:
@@ -255,7 +255,7 @@ def _launcher_argv(argv: list[str]) -> list[str]:
     return [found, *argv[1:]]
 
 
-def pod_env(container: dict, index: int, pod_name: str, paths: PathMap,
+def pod_env(container: dict[str, Any], index: int, pod_name: str, paths: PathMap,
             fixed: dict[str, str], warn: Callable[[str], None]) -> dict[str, str]:
     """The container's env as the kubelet would resolve it, with `fixed` values replacing the launcher's."""
     env: dict[str, str] = {}
@@ -314,7 +314,7 @@ def plan_pods(rendered: Rendered, nodes: int, mounts: Mounts, hardware: Hardware
     return pods
 
 
-def plan_evaluation(job: dict, mounts: Mounts, warn: Callable[[str], None] = print,
+def plan_evaluation(job: dict[str, Any], mounts: Mounts, warn: Callable[[str], None] = print,
                     only: bool = False) -> LocalPod:
     """The after-training evaluation Job's pod (evaluation_job.render_evaluation_job) as a local process:
     the training's shared volumes and its trainer config (as pod 0 of the last attempt saw them).

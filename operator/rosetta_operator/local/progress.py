@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from tqdm.auto import tqdm
 
@@ -17,7 +17,7 @@ class JsonlFollower:
     def __init__(self, path: Path):
         self.path, self.offset = path, 0
 
-    def new_records(self) -> list[dict]:
+    def new_records(self) -> list[dict[str, Any]]:
         try:
             with open(self.path, "rb") as f:
                 size = f.seek(0, 2)
@@ -44,7 +44,7 @@ class TrainingProgress:
     def __init__(self, trainer_output: Optional[Path], enabled: bool = True, min_interval: float = 0.5):
         self.enabled, self.min_interval = enabled, min_interval
         self.bar: Optional[tqdm] = None
-        self.last: dict = {}
+        self.last: dict[str, Any] = {}
         self.bleu: Optional[float] = None
         self._next = 0.0
         self.output: Optional[Path] = None

@@ -22,13 +22,16 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, Callable
 
 from rosetta_contract.exits import TERMINATION_PREFIX
 from rosetta_contract.spec import load_training
 from rosetta_operator.evaluation_job import required_evaluation_job
 from rosetta_operator.evaluation_status import evaluation_run_phase
 from rosetta_operator.local.pods import (
+    LocalPod,
     LocalRunError,
+    Mounts,
     fit_hardware,
     free_port,
     gpu_count,
@@ -54,7 +57,7 @@ def parse_volume_args(values: list[str]) -> dict[str, Path]:
     return out
 
 
-def run_evaluation(job: dict, mounts, out: Path, warn, only: bool = False) -> dict:
+def run_evaluation(job: dict[str, Any], mounts: Mounts, out: Path, warn: Callable[[str], None], only: bool = False) -> dict[str, Any]:
     """spec.evaluation.afterTraining, here: the evaluation Job's command as one local process on the
     CPU, after the training succeeded (`only`: spec.mode evaluate, the whole run). Its scores, as
     status.evaluation would hold them."""
@@ -88,7 +91,7 @@ def stage_work(argv: list[str]) -> str:
     return "staging model.source/data.source"
 
 
-def run_stage(pod, out: Path, warn) -> bool:
+def run_stage(pod: LocalPod, out: Path, warn: Callable[[str], None]) -> bool:
     """The JobSet's stage job, here: `rosetta stage` once, before the pods; whether it succeeded.
     Its refusal (a source that is not there) is what the operator would report as DataInvalid."""
     message_file = out / "stage-termination-log"
@@ -137,7 +140,7 @@ def run(file: str, *, output: str | None = None, volumes: Sequence[str] = (), ov
     bar = TrainingProgress(None, enabled=progress)
     trainer_out: Path | None = None
 
-    def make_pods(attempt: int):
+    def make_pods(attempt: int) -> list[LocalPod]:
         nonlocal trainer_out
         # A fresh rendezvous port per attempt: the last one may linger in TIME_WAIT.
         pods = plan_pods(rendered, spec.nodes, mounts, hardware, master_port=free_port(), attempt=attempt,
@@ -154,7 +157,7 @@ def run(file: str, *, output: str | None = None, volumes: Sequence[str] = (), ov
                          max_restarts=spec.failure_policy.max_restarts, grace_seconds=grace,
                          output=out, sink=sink, on_tick=bar.tick)
 
-    def on_signal(signum, frame):
+    def on_signal(signum: int, frame: Any) -> None:
         # Ctrl-C reaches the pods' process groups only through us (they run in new sessions).
         bar.write(f"[rosetta run] {signal.Signals(signum).name}: stopping every pod (SIGTERM, then SIGKILL "
                   f"after {grace:.0f}s)")
@@ -171,7 +174,7 @@ def run(file: str, *, output: str | None = None, volumes: Sequence[str] = (), ov
     if trainer_out is None:  # the supervisor starts a first attempt before anything else
         raise LocalRunError("no pod was started")
     plots = write_plots(trainer_out, out / "plots") if (trainer_out / "metrics.jsonl").exists() else []
-    after_evaluation: dict | None = None
+    after_evaluation: dict[str, Any] | None = None
     if outcome.phase == "Succeeded" and spec.evaluation.after_training is not None:
         after_evaluation = run_evaluation(required_evaluation_job(name, namespace, spec), mounts, out, warn)
     (out / "run.json").write_text(json.dumps({
