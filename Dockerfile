@@ -44,14 +44,12 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-# `pip install rosetta` would pull torch and the whole trainer stack. The operator imports only
-# rosetta_operator and the torch-free rosetta_contract: this list (the same specifiers as
-# pyproject.toml; tests/unit/test_packaging.py checks both, and that the operator's modules import
-# with nothing else installed), then the package without its dependencies.
-RUN python3 -m venv --upgrade-deps /opt/venv \
-    && pip install "kopf>=1.37" "kubernetes>=29" "prometheus-client>=0.20" "pydantic>=2.6" "pyyaml>=6" "jinja2>=3.1"
+# The package with its [operator] extra: the operator imports only rosetta_operator and the
+# torch-free rosetta_contract, so no torch, no trainer stack (tests/unit/test_packaging.py checks
+# that the operator's modules import with nothing else installed).
+RUN python3 -m venv --upgrade-deps /opt/venv
 COPY --from=wheel /dist /tmp/dist
-RUN pip install --no-deps /tmp/dist/*.whl \
+RUN pip install "$(ls /tmp/dist/*.whl)[operator]" \
     && python -c "import sys, rosetta_operator.handlers, rosetta_contract.spec; assert 'torch' not in sys.modules" \
     && rm -rf /tmp/dist
 RUN groupadd --gid 10001 rosetta \
@@ -79,10 +77,13 @@ COPY constraints.txt /etc/rosetta/constraints.txt
 RUN python3 -m venv --upgrade-deps /opt/venv \
     && DS_BUILD_OPS=0 pip install -c /etc/rosetta/constraints.txt "${TORCH}" transformers tokenizers accelerate deepspeed
 COPY --from=wheel /dist /tmp/dist
-# "${TORCH}" again: pip keeps that torch while it resolves rosetta's dependencies. [tracking]: the W&B
-# and MLflow clients for spec.tracking; [export]: CTranslate2 for `rosetta export` next to the
-# checkpoints (together some tens of MB beside the CUDA wheels). The image ships every pin CI tests.
-RUN DS_BUILD_OPS=0 pip install -c /etc/rosetta/constraints.txt "${TORCH}" "$(ls /tmp/dist/*.whl)[tracking,export]" \
+# "${TORCH}" again: pip keeps that torch while it resolves rosetta's dependencies. [trainer] is what the
+# pods run, [deepspeed] and [s3] what a spec may ask for; [tracking]: the W&B and MLflow clients for
+# spec.tracking; [export]: CTranslate2 for `rosetta export` next to the checkpoints (together some
+# tens of MB beside the CUDA wheels). Not [operator]: no pod renders or watches anything. The image
+# ships every pin CI tests.
+RUN DS_BUILD_OPS=0 pip install -c /etc/rosetta/constraints.txt "${TORCH}" \
+        "$(ls /tmp/dist/*.whl)[trainer,deepspeed,s3,tracking,export]" \
     && python -c "import torch, deepspeed, rosetta_trainer, wandb, mlflow, ctranslate2; print('torch', torch.__version__, 'cuda', torch.version.cuda)" \
     && rm -rf /tmp/dist
 # DeepSpeed compiles its ops the first time a run uses one (CPU Adam for ZeRO-Offload, among others),

@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml Makefile $(CONSTRAINTS)
 	python3 -m venv $(VENV)
 	$(PIP) install --upgrade pip setuptools wheel
 	$(PIP) install -c $(CONSTRAINTS) "$(TORCH)"
-	$(PIP) install -c $(CONSTRAINTS) -e '.[dev,export,tracking]'
+	$(PIP) install -c $(CONSTRAINTS) -e '.[operator,trainer,deepspeed,s3,dev,export,tracking]'
 	touch $(STAMP)
 
 demo: install
@@ -57,7 +57,7 @@ verify: generate
 BENCH_STAMP := $(VENV)/.installed-bench
 
 $(BENCH_STAMP): $(STAMP)
-	$(PIP) install -c $(CONSTRAINTS) -e '.[dev,export,tracking,bench]'
+	$(PIP) install -c $(CONSTRAINTS) -e '.[operator,trainer,deepspeed,s3,dev,export,tracking,bench]'
 	touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)

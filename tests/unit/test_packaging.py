@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -121,54 +120,112 @@ def test_trainer_image_installs_the_pinned_torch_with_the_constraints():
     assert not any(re.search(r"(^|\s)\"?torch[<>=\"\s]", cmd) for cmd in installs), "torch is TORCH only"
 
 
-def operator_requirements() -> list[str]:
-    runs = " ".join(line for line in stages()["operator"] if line.startswith("RUN "))
-    assert re.search(r"pip install --no-deps /tmp/dist/\*\.whl", runs), "the package goes in without its deps"
-    listed = re.search(r"pip install ((?:\"[^\"]+\"\s*)+)", runs)
-    assert listed, "no explicit operator dependency list"
-    return shlex.split(listed.group(1))
-
-
 def _name(requirement: str) -> str:
     return re.split(r"[<>=!~\[ ]", requirement, maxsplit=1)[0].lower().replace("_", "-")
 
 
-def test_operator_dependencies_are_pyprojects_own_without_the_trainer_stack():
-    required = operator_requirements()
-    # A pin is of a dependency or of an extra's (ctranslate2: [export]).
-    extras = [r for reqs in PYPROJECT["project"]["optional-dependencies"].values() for r in reqs]
-    declared = {_name(r): r for r in [*extras, *PYPROJECT["project"]["dependencies"]]}
-    for requirement in required:
-        assert declared.get(_name(requirement)) == requirement, f"{requirement} differs from pyproject.toml"
-    assert not {"torch", "transformers", "tensorboard", "matplotlib"} & {_name(r) for r in required}
+EXTRAS = PYPROJECT["project"]["optional-dependencies"]
 
 
-# Import names of the distributions the operator image installs (and their own dependencies).
-OPERATOR_IMPORTS = {"kopf", "kubernetes", "prometheus_client", "pydantic", "pydantic_core", "yaml", "jinja2"}
-TRAINER_ONLY = {_name(r).replace("-", "_") for r in PYPROJECT["project"]["dependencies"]} \
-    - {"kopf", "kubernetes", "prometheus_client", "pydantic", "pyyaml", "jinja2", "python_dateutil"} \
-    | {"numpy", "sklearn", "scipy", "safetensors", "huggingface_hub"}
+def wheel_extras(stage: str) -> set[str]:
+    """The extras an image stage installs the wheel with: `"$(ls /tmp/dist/*.whl)[a,b]"`."""
+    runs = " ".join(line for line in stages()[stage] if line.startswith("RUN "))
+    found = re.findall(r"/tmp/dist/\*\.whl\)\[([\w,]+)\]", runs)
+    assert len(found) == 1, f"the {stage} image installs the wheel once, with its extras: {found}"
+    return set(found[0].split(","))
+
+
+def test_each_image_installs_the_package_with_the_extras_of_what_it_runs():
+    # No dependency list copied by hand into the Dockerfile: pyproject.toml's extras are the lists.
+    assert wheel_extras("operator") == {"operator"}
+    assert wheel_extras("trainer") == {"trainer", "deepspeed", "s3", "tracking", "export"}
+    for stage in ("operator", "trainer"):
+        runs = " ".join(line for line in stages()[stage] if line.startswith("RUN "))
+        assert "--no-deps" not in runs
+    # The operator's extra holds no part of the trainer's stack, and the core none of either.
+    assert not {"torch", "transformers", "tensorboard", "matplotlib"} & {_name(r) for r in EXTRAS["operator"]}
+    assert {_name(r) for r in PYPROJECT["project"]["dependencies"]} == {"pydantic", "pyyaml"}
+    # make install sets up a developer for every command: every extra but the benchmark's.
+    makefile = (REPO / "Makefile").read_text()
+    installed = re.search(r"-e '\.\[([\w,]+)\]'", makefile).group(1).split(",")
+    assert set(installed) == set(EXTRAS) - {"bench"}
+
+
+def _imports(*extras: str) -> set[str]:
+    """Import names of an extra's distributions (and of some of their own dependencies)."""
+    names = {_name(r).replace("-", "_") for extra in extras for r in EXTRAS[extra]}
+    renamed = {"pyyaml": "yaml", "python_dateutil": "dateutil", "rouge_score": "rouge_score",
+               "mlflow_skinny": "mlflow"}
+    return {renamed.get(n, n) for n in names}
+
+
+def blocked_run(blocked: set[str], code: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`code` in a fresh interpreter in which importing any of `blocked` fails, as in an image
+    that does not install them."""
+    # None in sys.modules is how Python marks a module as not importable: `import` raises
+    # ModuleNotFoundError and importlib.util.find_spec answers None, as for one never installed
+    # (transformers asks find_spec whether jinja2 is there).
+    prelude = f"""
+import sys
+BLOCKED = set({sorted(blocked)!r})
+for name in BLOCKED:
+    sys.modules[name] = None
+"""
+    return subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+# What the trainer's stack brings besides its own names (dateutil: the Kubernetes client needs it too).
+TRAINER_ONLY = _imports("trainer", "deepspeed", "s3", "tracking", "export") - _imports("operator") - {"dateutil"} \
+    | {"numpy", "sklearn", "scipy", "safetensors", "huggingface_hub", "botocore"}
 
 
 def test_operator_modules_import_without_the_trainer_stack():
     """What the operator image runs imports nothing the image lacks: torch and the trainer's other
     dependencies are blocked while `rosetta operator`'s modules load."""
-    blocked = sorted(TRAINER_ONLY)
-    assert "torch" in blocked and "transformers" in blocked
-    code = f"""
-import sys
-BLOCKED = set({blocked!r})
-class Block:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in BLOCKED:
-            raise ImportError("the operator image has no " + name)
-sys.meta_path.insert(0, Block())
+    assert {"torch", "transformers", "boto3", "deepspeed"} <= TRAINER_ONLY
+    out = blocked_run(TRAINER_ONLY, """
 import rosetta_cli.main, rosetta_trainer.cli, rosetta_contract.config, rosetta_operator.main, rosetta_operator.handlers
 import rosetta_operator.cli
-assert "torch" not in sys.modules
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+assert sys.modules["torch"] is None  # still blocked: nothing imported it
+""")
     assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_a_training_runs_without_the_operator_the_s3_client_or_deepspeed(tmp_path):
+    """The trainer image has no [operator]; `pip install 'rosetta[trainer]'` has no [s3] or
+    [deepspeed] either: a DDP training without an S3 mirror needs none of them, `rosetta --help`
+    neither, and a DeepSpeed spec is told what to install."""
+    import yaml
+
+    from support.training import TINY, deep_update
+
+    # prometheus_client and dateutil: the trainer's stack needs them too (telemetry, matplotlib).
+    blocked = _imports("operator", "s3", "deepspeed") - {"prometheus_client", "dateutil"} | {"botocore"}
+    assert {"kopf", "kubernetes", "jinja2", "boto3", "deepspeed"} <= blocked
+    config = tmp_path / "training.yaml"
+    config.write_text(yaml.safe_dump(deep_update(TINY, {"spec": {"training": {"maxSteps": 2},
+                                                                 "evaluation": {"interval": 2}}})))
+    out = blocked_run(blocked, f"""
+from rosetta_cli.main import main
+assert main(["train", "-f", {str(config)!r}, "--output", {str(tmp_path / "run")!r}, "--no-progress"]) == 0
+assert not [m for m in BLOCKED if sys.modules.get(m) is not None]
+try:
+    main(["--help"])
+except SystemExit as exc:
+    assert exc.code == 0
+""", timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert (tmp_path / "run" / "summary.json").is_file()
+
+    deepspeed = tmp_path / "deepspeed.yaml"
+    deepspeed.write_text(yaml.safe_dump(deep_update(TINY, {"spec": {"distributed": {"backend": "deepspeed"}}})))
+    out = blocked_run(blocked, f"""
+from rosetta_cli.main import main
+sys.exit(main(["train", "-f", {str(deepspeed)!r}, "--output", {str(tmp_path / "ds")!r}, "--no-progress"]))
+""", timeout=600)
+    assert out.returncode != 0 and "pip install 'rosetta[deepspeed]'" in out.stderr, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr
 
 
 # ------------------------------------------------------------------------ build_and_push.sh
@@ -253,3 +310,4 @@ def test_every_python_package_of_the_sources_goes_into_the_wheel():
             parts = init.parent.relative_to(REPO / directory).parts
             found.add(".".join((top, *parts)))
     assert found and found == set(setuptools["packages"])
+

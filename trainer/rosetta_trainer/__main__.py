@@ -47,7 +47,6 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
 
     from rosetta_contract import final_result
     from rosetta_trainer import checkpoint as ckpt
-    from rosetta_trainer import s3_mirror
     from rosetta_trainer.cpu_allocator import keep_freed_memory
     from rosetta_trainer.data_checks import SplitReport, describe, read_checked
     from rosetta_trainer.data_identity import data_identity
@@ -73,9 +72,13 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
     ckpt_root = ckpt_root if ckpt_root.is_absolute() else output / ckpt_root
     ckpt.check_shared(ckpt_root, world)  # ranks on several nodes: one directory for all, or a clear error
     resume_from = ckpt.latest_checkpoint(ckpt_root)
-    if spec.checkpoint.s3 is not None:  # an empty node resumes from the newest complete copy in S3
+    mirror = None
+    if spec.checkpoint.s3 is not None:
+        from rosetta_trainer import s3_mirror  # boto3 (the [s3] extra): only a run that mirrors needs it
+
+        # An empty node resumes from the newest complete copy in S3.
         resume_from = s3_mirror.resume_point(spec.checkpoint.s3, ckpt_root, world)
-    mirror = s3_mirror.start(spec.checkpoint, ckpt_root, world, output)  # rank 0 with s3 set, else None
+        mirror = s3_mirror.start(spec.checkpoint, ckpt_root, world, output)  # rank 0 only
     checkpoints = ckpt.CheckpointManager(ckpt_root, world, keep=spec.checkpoint.keep, keep_best=spec.checkpoint.keep_best,
                                          on_complete=mirror.submit if mirror else None)
 

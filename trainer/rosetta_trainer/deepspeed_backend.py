@@ -19,6 +19,7 @@ import torch
 
 from rosetta_contract.config import TrainerSpec
 from rosetta_contract.documents import deep_merge
+from rosetta_contract.strict_model import ConfigError
 from rosetta_trainer.backends import make_optimizer, make_scheduler, param_groups
 from rosetta_trainer.distributed import World
 
@@ -87,7 +88,11 @@ class DeepSpeedBackend:
     name = "deepspeed"
 
     def __init__(self, spec: TrainerSpec, world: World, model, total_steps: int):
-        import deepspeed
+        try:
+            import deepspeed
+        except ImportError:
+            raise ConfigError([("spec.distributed.backend", "deepspeed needs DeepSpeed installed: "
+                                "pip install 'rosetta[deepspeed]' (the trainer image has it)")]) from None
 
         self.spec, self.world = spec, world
         t = spec.training

@@ -197,9 +197,13 @@ def node_cpu_bytes(setting: Setting, shape: ModelShape, nodes: int, gpus_per_nod
     ZeRO-3, which the trainer loads inside deepspeed.zero.Init (zero_init): each rank only ever
     holds its partition. From-scratch models are built whole on every rank, as under DDP.
     """
-    with _quiet_accelerator_detection():
-        from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
-        from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+    try:
+        with _quiet_accelerator_detection():
+            from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+            from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+    except ImportError:
+        raise PlanSkipped("DeepSpeed is not installed, and its estimators give the node memory: "
+                          "pip install 'rosetta[deepspeed]'") from None
 
     if setting.stage == 0:  # the same load as DeepSpeed's stage 1/2 without offload
         setting = Setting(2)
