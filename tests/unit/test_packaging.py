@@ -311,3 +311,12 @@ def test_every_python_package_of_the_sources_goes_into_the_wheel():
             found.add(".".join((top, *parts)))
     assert found and found == set(setuptools["packages"])
 
+
+def test_the_pre_commit_hooks_run_what_make_lint_and_typecheck_run():
+    import yaml
+
+    hooks = yaml.safe_load((REPO / ".pre-commit-config.yaml").read_text())["repos"][0]["hooks"]
+    makefile = (REPO / "Makefile").read_text()
+    recipes = [line.strip().replace("$(VENV)", ".venv") for target in ("lint", "typecheck")
+               for line in re.search(rf"^{target}:.*\n((?:\t.*\n)+)", makefile, re.M).group(1).splitlines()]
+    assert [hook["entry"] for hook in hooks] == recipes
