@@ -51,6 +51,7 @@ def live_trainer(tmp_path: Path, name: str, namespace: str) -> Telemetry:
     t.set_static(total_steps=600, world_size=1, restarts=0, resumed_from_step=0)
     t.log_step(STEP)
     t.log_eval(EVAL)
+    t.set_static(best_bleu=EVAL["bleu"])  # what the loop sets after an evaluation: the primary metric's best
     t.log_checkpoint(step=100, path=f"/checkpoints/{name}/checkpoints/step-00000100", seconds=1.2,
                      size_bytes=123456)
     return t
