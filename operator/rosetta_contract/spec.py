@@ -209,11 +209,7 @@ class TranslationTrainingSpec(TrainerSpec):
         needs = "evaluation.afterTraining: the evaluation pod reads the checkpoints after the training's pods are gone"
         volume = self.volume_for("checkpoints")
         if volume is None or volume.persistent_volume_claim is None:
-            what = "no volume has purpose: checkpoints" if volume is None else \
-                f"volume '{volume.name}' (purpose: checkpoints) is not a persistentVolumeClaim"
-            raise ValueError(f"{needs}, so they must be on a persistentVolumeClaim, and {what}; add "
-                             f"{{name: checkpoints, mountPath: {DEFAULT_OUTPUT_MOUNT}, purpose: checkpoints, "
-                             "persistentVolumeClaim: {claimName: NAME}}")
+            raise ValueError(f"{needs}, so they must be on a persistentVolumeClaim, and {_not_a_claim(volume)}")
         directory = self.checkpoint.dir
         if directory and directory.startswith("/") and not any(
                 v.persistent_volume_claim is not None and is_under(directory, v.mount_path) for v in self.volumes):
@@ -235,11 +231,8 @@ class TranslationTrainingSpec(TrainerSpec):
             raise ValueError(f"{needs}, and mode {self.mode} trains nothing: drop data.prepare")
         volume = self.volume_for("checkpoints")
         if volume is None or volume.persistent_volume_claim is None:
-            what = "no volume has purpose: checkpoints" if volume is None else \
-                f"volume '{volume.name}' (purpose: checkpoints) is not a persistentVolumeClaim"
             raise ValueError(f"{needs} directory, the checkpoints volume, which must be a persistentVolumeClaim, "
-                             f"and {what}; add {{name: checkpoints, mountPath: {DEFAULT_OUTPUT_MOUNT}, "
-                             "purpose: checkpoints, persistentVolumeClaim: {claimName: NAME}}")
+                             f"and {_not_a_claim(volume)}")
         if volume.read_only or volume.persistent_volume_claim.read_only:
             raise ValueError(f"{needs} directory, on volume '{volume.name}', which is mounted read-only")
         return self
@@ -284,6 +277,14 @@ class TranslationTrainingSpec(TrainerSpec):
 
     def volume_for(self, purpose: str) -> VolumeSpec | None:
         return next((v for v in self.volumes if v.purpose == purpose), None)
+
+
+def _not_a_claim(volume: VolumeSpec | None) -> str:
+    """What is wrong with the checkpoints volume, and the volume to add instead."""
+    what = "no volume has purpose: checkpoints" if volume is None else \
+        f"volume '{volume.name}' (purpose: checkpoints) is not a persistentVolumeClaim"
+    return (f"{what}; add {{name: checkpoints, mountPath: {DEFAULT_OUTPUT_MOUNT}, purpose: checkpoints, "
+            "persistentVolumeClaim: {claimName: NAME}}")
 
 
 # The top-level keys this spec adds to the trainer's: what config.parse_document leaves to the cluster.

@@ -48,13 +48,11 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
     from rosetta_contract import final_result
     from rosetta_trainer import checkpoint as ckpt
     from rosetta_trainer.cpu_allocator import keep_freed_memory
-    from rosetta_trainer.data_checks import SplitReport, describe, read_checked
-    from rosetta_trainer.data_identity import data_identity
+    from rosetta_trainer.data_checks import describe
     from rosetta_trainer.deepspeed_backend import is_deepspeed_checkpoint, partitioned_loading
     from rosetta_trainer.distributed import barrier, close, init_world
     from rosetta_trainer.loop import Position, Trainer
     from rosetta_trainer.models import build_model, count_parameters, load_pretrained, model_from_config
-    from rosetta_trainer.shards import PREPARED_DIR, find_prepared, prepare_corpus
     from rosetta_trainer.telemetry import Telemetry
 
     spec = document.spec
@@ -86,23 +84,7 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
     # Every rank reads the validation and test text; the training text is read by the one
     # process that tokenizes it into <output>/prepared/, as it streams (shards.py), and a restart
     # whose data files are unchanged maps the ids prepared before without reading it at all.
-    d = spec.data
-    if not d.train:
-        raise ValueError("spec.data.train: no training examples")
-    use_prefix = spec.uses_task_prefix()
-    identity = data_identity(d, use_prefix=use_prefix)
-    data = read_checked(d, read_train=False)
-    text = data.training_text.pairs(use_prefix)
-    # 2. tokenizer: the checkpoint's, the named one, or trained once by rank 0 (or reused when
-    # trained from these very files before, e.g. by `rosetta prepare`), then sent to every rank
-    tokenizer = _prepare_tokenizer(spec, text, output, world, resume_from, identity)
-    found = find_prepared(output / PREPARED_DIR, identity, tokenizer, d.max_source_length, d.max_target_length, world)
-    if found:
-        corpus, report = found
-    else:
-        corpus, report = prepare_corpus(output / PREPARED_DIR, tokenizer, text, d.max_source_length,
-                                        d.max_target_length, world, identity=identity)
-    data.reports["train"] = SplitReport.from_dict(report)
+    data, tokenizer, corpus = prepare_data(spec, output, world, resume_from)
     log.info("data: %s", describe(data))
     for warning in data.warnings:
         log.warning("%s", warning)
@@ -118,7 +100,7 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
     else:
         with partitioned_loading(spec, world.device.type == "cuda"):
             model = build_model(spec.model, vocab_size=len(tokenizer),
-                                max_length=max(d.max_source_length, d.max_target_length))
+                                max_length=max(spec.data.max_source_length, spec.data.max_target_length))
     _seed_everything(spec.training.seed + world.rank)
     log.info("model %s, %.1fM parameters, %d training pairs, world size %d, device %s",
              type(model).__name__, count_parameters(model) / 1e6, len(corpus), world.size, world.device)
@@ -190,6 +172,33 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
         telemetry.close()
         close(world)
         del torch
+
+
+def prepare_data(spec, output: Path, world, resume_from, workers: int | None = None):
+    """(checked data, tokenizer, prepared training corpus): steps 1 and 2 of a start, shared with
+    `rosetta prepare` and the stage job (prepare_command.py), each skipped when its result is there."""
+    from rosetta_trainer.data_checks import SplitReport, read_checked
+    from rosetta_trainer.data_identity import data_identity
+    from rosetta_trainer.shards import PREPARED_DIR, find_prepared, prepare_corpus
+
+    d = spec.data
+    if not d.train:
+        raise ValueError("spec.data.train: no training examples")
+    use_prefix = spec.uses_task_prefix()
+    identity = data_identity(d, use_prefix=use_prefix)
+    data = read_checked(d, read_train=False)
+    text = data.training_text.pairs(use_prefix)
+    # The checkpoint's tokenizer, the named one, or one trained once by rank 0 (or reused when
+    # trained from these very files before, e.g. by `rosetta prepare`), then sent to every rank.
+    tokenizer = _prepare_tokenizer(spec, text, output, world, resume_from, identity)
+    found = find_prepared(output / PREPARED_DIR, identity, tokenizer, d.max_source_length, d.max_target_length, world)
+    if found:
+        corpus, report = found
+    else:
+        corpus, report = prepare_corpus(output / PREPARED_DIR, tokenizer, text, d.max_source_length,
+                                        d.max_target_length, world, workers=workers, identity=identity)
+    data.reports["train"] = SplitReport.from_dict(report)
+    return data, tokenizer, corpus
 
 
 def _prepare_tokenizer(spec, text, output: Path, world, resume_from, identity: str | None = None):

@@ -9,7 +9,7 @@ import logging
 import os
 from pathlib import Path
 
-from rosetta_trainer.shards import PREPARED_DIR, ShardedCorpus, find_prepared, prepare_corpus
+from rosetta_trainer.shards import ShardedCorpus
 
 log = logging.getLogger(__name__)
 
@@ -30,31 +30,15 @@ def prepare_training(spec, output: Path, workers: int | None = None) -> ShardedC
     load the tokenizer (saved to <output>/tokenizer when trained) and write <output>/prepared/, each
     step skipped when its result is there already, as the training would find it."""
     from rosetta_trainer import checkpoint as ckpt
-    from rosetta_trainer.__main__ import _prepare_tokenizer
-    from rosetta_trainer.data_checks import SplitReport, describe, read_checked
-    from rosetta_trainer.data_identity import data_identity
+    from rosetta_trainer.__main__ import prepare_data
+    from rosetta_trainer.data_checks import describe
     from rosetta_trainer.distributed import init_world
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     output.mkdir(parents=True, exist_ok=True)
-    world = init_world("cpu")
     ckpt_root = Path(spec.checkpoint.dir) if spec.checkpoint.dir else Path("checkpoints")
     ckpt_root = ckpt_root if ckpt_root.is_absolute() else output / ckpt_root
-    d = spec.data
-    if not d.train:
-        raise ValueError("spec.data.train: no training examples")
-    data = read_checked(d, read_train=False)
-    use_prefix = spec.uses_task_prefix()
-    identity = data_identity(d, use_prefix=use_prefix)
-    text = data.training_text.pairs(use_prefix)
-    tokenizer = _prepare_tokenizer(spec, text, output, world, ckpt.latest_checkpoint(ckpt_root), identity)
-    found = find_prepared(output / PREPARED_DIR, identity, tokenizer, d.max_source_length, d.max_target_length, world)
-    if found:
-        corpus, report = found
-    else:
-        corpus, report = prepare_corpus(output / PREPARED_DIR, tokenizer, text, d.max_source_length,
-                                        d.max_target_length, world, workers=workers, identity=identity)
-    data.reports["train"] = SplitReport.from_dict(report)
+    data, _, corpus = prepare_data(spec, output, init_world("cpu"), ckpt.latest_checkpoint(ckpt_root), workers)
     log.info("data: %s", describe(data))
     meta = corpus.meta
     print(f"prepared: {corpus.path}\npairs: {meta['pairs']}   source tokens: {meta['tokens']['source']}   "
