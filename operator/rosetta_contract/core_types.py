@@ -1,15 +1,23 @@
 """Free-form Kubernetes objects in a spec (a pod's affinity) checked against the core/v1 types.
 
 The CRD keeps `affinity` schemaless, so the apiserver stores any JSON there, and the JobSet (or the
-pod) refuses it later, on every retry; an unknown field is worse: dropped without a word. The
-kubernetes client's generated models carry each type's fields and their types (`openapi_types`,
-`attribute_map`), which is enough to say which key is wrong, and where, before anything is created.
+pod) refuses it later, on every retry; an unknown field is worse: dropped without a word. Each
+type's fields and their types, as the kubernetes client's generated models give them, are enough to
+say which key is wrong, and where, before anything is created. The client itself is not imported:
+the trainer's image, which checks the spec too, does not install it. core_types.json holds the
+table, written from the client by rosetta_operator/core_types_table.py (`make generate`).
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import re
+from importlib import resources
 from typing import Any
+
+# The types whose fields the spec carries free-form; the table holds these and every type they reach.
+ROOTS = ("V1Affinity",)
 
 _LIST = re.compile(r"^[Ll]ist\[(.+)\]$")
 _DICT = re.compile(r"^[Dd]ict\((?:str|String), ?(.+)\)$|^[Dd]ict\[str, ?(.+)\]$")
@@ -46,22 +54,27 @@ def _check(value: Any, type_name: str, path: str, out: list[str]) -> None:
         if isinstance(value, bool) != (type_name == "bool") or not isinstance(value, _SCALARS[type_name]):
             out.append(f"{here}: expected {_SHOWN[type_name]}, not {_kind(value)}")
         return
-    from kubernetes.client import models  # heavy; only specs that set such a field pay for it
-
-    cls = getattr(models, type_name, None)
-    if cls is None:  # a type this client does not know: leave it to the apiserver
+    fields = _types().get(type_name)
+    if fields is None:  # a type the table does not hold: leave it to the apiserver
         return
     if not isinstance(value, dict):
         out.append(f"{here}: expected an object ({type_name[2:]}), not {_kind(value)}")
         return
-    fields = {json_name: python_name for python_name, json_name in cls.attribute_map.items()}
     for key, item in value.items():
         where = f"{path}.{key}" if path else str(key)
         if key not in fields:
             known = ", ".join(sorted(fields))
             out.append(f"{where}: {type_name[2:]} has no field '{key}' (it has: {known})")
         else:
-            _check(item, cls.openapi_types[fields[key]], where, out)
+            _check(item, fields[key], where, out)
+
+
+@functools.cache
+def _types() -> dict[str, dict[str, str]]:
+    """{type: {JSON field name: type}} from core_types.json."""
+    text = resources.files(__package__).joinpath("core_types.json").read_text(encoding="utf-8")
+    loaded: dict[str, dict[str, str]] = json.loads(text)
+    return loaded
 
 
 def _kind(value: Any) -> str:

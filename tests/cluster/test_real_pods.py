@@ -45,11 +45,17 @@ def gang_pods(cluster, namespace: str, name: str) -> list:
 
 def test_quickstart_cpu_trains_on_two_real_pods_and_resumes_after_one_is_deleted(
         node_cluster, node_namespace, node_operator, tmp_path):
+    """...with a node affinity set, which the stage pod and both gang pods check again in the image."""
     docs = documents(QUICKSTART)
     name = docs["TranslationTraining"]["metadata"]["name"]
     checkpoint_every = docs["TranslationTraining"]["spec"]["checkpoint"]["interval"]
     # The stage job trains the tokenizer and tokenizes the corpus before the gang starts.
     docs["TranslationTraining"]["spec"]["data"]["prepare"] = "BeforeTraining"
+    # An affinity the real node meets: every pod checks it again when it reads the spec, in an image
+    # without the Kubernetes client.
+    docs["TranslationTraining"]["spec"].setdefault("scheduling", {})["affinity"] = {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "kubernetes.io/hostname", "operator": "In", "values": [real_node.NODE_NAME]}]}]}}}
     storage = tmp_path / "rwx"  # the example's own claim binds to this volume
     bound_volume(node_cluster, node_namespace, docs["PersistentVolumeClaim"]["metadata"]["name"], storage)
     applied = kubectl(node_cluster, "apply", "-n", node_namespace, "-f", "-",

@@ -194,8 +194,9 @@ assert sys.modules["torch"] is None  # still blocked: nothing imported it
 
 def test_a_training_runs_without_the_operator_the_s3_client_or_deepspeed(tmp_path):
     """The trainer image has no [operator]; `pip install 'rosetta[trainer]'` has no [s3] or
-    [deepspeed] either: a DDP training without an S3 mirror needs none of them, `rosetta --help`
-    neither, and a DeepSpeed spec is told what to install."""
+    [deepspeed] either: a DDP training without an S3 mirror needs none of them (one that sets
+    scheduling.affinity included), `rosetta --help` neither, and a DeepSpeed spec is told what to
+    install."""
     import yaml
 
     from support.training import TINY, deep_update
@@ -204,8 +205,12 @@ def test_a_training_runs_without_the_operator_the_s3_client_or_deepspeed(tmp_pat
     blocked = _imports("operator", "s3", "deepspeed") - {"prometheus_client", "dateutil"} | {"botocore"}
     assert {"kopf", "kubernetes", "jinja2", "boto3", "deepspeed"} <= blocked
     config = tmp_path / "training.yaml"
+    # An affinity too: the contract checks it against the core/v1 types, which must not need the client.
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]}]}}}
     config.write_text(yaml.safe_dump(deep_update(TINY, {"spec": {"training": {"maxSteps": 2},
-                                                                 "evaluation": {"interval": 2}}})))
+                                                                 "evaluation": {"interval": 2},
+                                                                 "scheduling": {"affinity": affinity}}})))
     out = blocked_run(blocked, f"""
 from rosetta_cli.main import main
 assert main(["train", "-f", {str(config)!r}, "--output", {str(tmp_path / "run")!r}, "--no-progress"]) == 0
