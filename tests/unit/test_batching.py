@@ -2,7 +2,15 @@ import numpy as np
 import pytest
 import torch
 
-from rosetta_trainer.batching import IGNORE_INDEX, EncodedCorpus, collate, plan_epoch, rank_batches
+from rosetta_trainer.batching import (
+    IGNORE_INDEX,
+    BatchShapes,
+    Collation,
+    EncodedCorpus,
+    collate,
+    plan_epoch,
+    rank_batches,
+)
 
 
 @pytest.fixture
@@ -82,5 +90,49 @@ def test_collate_counts_tokens_sentences_and_flops():
     batch = collate(corpus, [0, 1], pad_id=0, flops=flops)
     assert batch["counts"].dtype == torch.float64
     assert batch["counts"].tolist() == [5 + 6, 6, 2, 123.0]
-    assert seen == [([3, 2], [2, 4])]
+    assert [(list(s), list(t)) for s, t in seen] == [([3, 2], [2, 4])]
     assert collate(corpus, [1], pad_id=0)["counts"].tolist() == [2 + 4, 4, 1, 0.0]
+
+
+# ------------------------------------------------------------------ shapes for a compiled step
+
+
+def test_lengths_pad_to_a_multiple_or_to_the_next_bucket():
+    assert [BatchShapes(multiple=8).length(n) for n in (1, 8, 9, 17)] == [8, 8, 16, 24]
+    buckets = BatchShapes(buckets=(16, 24, 32, 48))
+    assert [buckets.length(n) for n in (3, 16, 17, 40, 48)] == [16, 16, 24, 48, 48]
+    assert buckets.length(np.array([3, 30])).tolist() == [16, 32]
+    assert BatchShapes().length(13) == 13  # the default pads to the longest sentence only
+
+
+def test_a_padded_batch_masks_and_ignores_what_padding_added():
+    corpus = EncodedCorpus([[5, 6, 1], [7, 1]], [[8, 1], [9, 9, 9, 1]])
+    batch = Collation(0, BatchShapes(multiple=8))(corpus, [0, 1])
+    assert batch["input_ids"].shape == (2, 8) and batch["labels"].shape == (2, 8)
+    assert batch["input_ids"][0].tolist() == [5, 6, 1, 0, 0, 0, 0, 0]
+    assert batch["attention_mask"].sum().item() == 5
+    assert (batch["labels"] != IGNORE_INDEX).sum().item() == 6
+    assert batch["counts"].tolist() == [11, 6, 2, 0.0]  # the real tokens only
+
+
+def test_static_rows_fill_the_token_budget_with_ignored_pairs():
+    corpus = EncodedCorpus([[5, 6, 1], [7, 1]], [[8, 1], [9, 9, 9, 1]])
+    batch = Collation(0, BatchShapes(multiple=8, static_rows=True), max_tokens=100)(corpus, [0, 1])
+    # 100 tokens hold 6 rows of 8 + 8: the batch's shape follows from its lengths alone.
+    assert batch["input_ids"].shape == (6, 8) and batch["labels"].shape == (6, 8)
+    assert batch["attention_mask"][2:].sum() == 0 and (batch["labels"][2:] == IGNORE_INDEX).all()
+    assert batch["counts"][2].item() == 2
+    sentences = Collation(0, BatchShapes(static_rows=True), max_sentences=5)(corpus, [1])
+    assert sentences["input_ids"].shape == (5, 2)
+
+
+def test_the_plan_keeps_the_padded_batch_within_the_budget(lengths):
+    src, tgt = lengths
+    shapes = BatchShapes(buckets=(8, 16, 24, 32, 48, 64, 96, 128))
+    plan = plan_epoch(src, tgt, seed=1, epoch=0, max_tokens=1000, shapes=shapes)
+    assert sorted(i for b in plan for i in b) == list(range(len(src)))
+    for b in plan:
+        cost = len(b) * (shapes.length(int(src[b].max())) + shapes.length(int(tgt[b].max())))
+        assert len(b) == 1 or cost <= 1000
+    exact = plan_epoch(src, tgt, seed=1, epoch=0, max_tokens=1000)
+    assert len(plan) > len(exact)  # padding takes room: more, smaller batches
