@@ -401,11 +401,28 @@ class BatchSpec(Model):
         None, ge=8, description="Micro-batch size in tokens (source+target, padding included) per process."
     )
     sentences: Optional[int] = Field(None, ge=1, description="Micro-batch size in sentence pairs per process.")
+    length_multiple: Optional[int] = Field(
+        None, ge=1, le=256,
+        description="Each batch's source and target lengths are padded up to a multiple of this: fewer distinct "
+                    "shapes for a compiled step and sizes the matrix units like; 1 pads to the batch's longest "
+                    "sentence only. Default: 8 with training.compile reduce-overhead or max-autotune (CUDA graphs), else 1.")
+    length_buckets: Optional[list[Annotated[int, Field(ge=1)]]] = Field(
+        None, min_length=1, max_length=64,
+        description="Pad each batch's lengths up to the next of these lengths instead (ascending; the last at "
+                    "least data.maxSourceLength and maxTargetLength): a fixed, small set of shapes.")
+    static_rows: Optional[bool] = Field(
+        None,
+        description="With tokens: pad a batch's rows (with fully ignored pairs) to as many as its padded lengths "
+                    "fit in the budget, so that its shape depends on its lengths alone, as CUDA graphs need. "
+                    "Default: on with training.compile reduce-overhead or max-autotune.")
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Self:
         if (self.tokens is None) == (self.sentences is None):
             raise ValueError("set exactly one of 'tokens' or 'sentences'")
+        buckets = self.length_buckets
+        if buckets is not None and any(a >= b for a, b in zip(buckets, buckets[1:])):
+            raise ValueError(f"lengthBuckets must be strictly ascending, got {buckets}")
         return self
 
 
@@ -430,13 +447,27 @@ class TrainingSpec(Model):
     seed: int = Field(1, description="Seeds Python, NumPy (modulo 2^32) and torch.")
     log_interval: int = Field(10, ge=1, description="Steps between lines in metrics.jsonl.")
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    compile: bool = Field(False, description="torch.compile the model.")
+    compile: Literal["none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = Field(
+        "none",
+        description=(
+            "torch.compile the training step (forward, loss and backward) in this mode: default, "
+            "reduce-overhead (CUDA graphs: the step is replayed, not launched op by op), max-autotune (searches "
+            "kernel configurations, CUDA graphs too), max-autotune-no-cudagraphs; none runs eagerly. Under "
+            "DeepSpeed the engine compiles the model's forward."),
+    )
     activation_checkpointing: bool = Field(
         False,
         description=(
             "Keep only each layer's input during forward and recompute the rest in backward: less "
             "activation memory (see rosetta plan) for about a third more compute. DDP and DeepSpeed alike."
         ),
+    )
+    bf16_parameters: bool = Field(
+        False,
+        description=(
+            "With precision bf16 and the ddp backend: keep the model's trainable parameters in bf16, so that "
+            "autocast does not cast every weight at every step, and let the optimizer update fp32 master "
+            "copies (as DeepSpeed's bf16 mode does). Checkpoints hold the fp32 masters."),
     )
     nan_policy: Literal["skip", "stop"] = Field(
         "stop",
@@ -835,6 +866,19 @@ class TrainerSpec(Model):
             raise ValueError("a from-scratch model needs tokenizer.path or tokenizer.train")
         if self.model.name is None and self.tokenizer.path is None and not self.data.train:
             raise ValueError("tokenizer.train needs data.train")
+        if "training" in self.model_fields_set and self.training.bf16_parameters:
+            if self.training.precision != "bf16":
+                raise ValueError(f"training.bf16Parameters needs training.precision bf16, not {self.training.precision}")
+            if self.distributed.backend != "ddp":
+                raise ValueError("training.bf16Parameters is for the ddp backend; DeepSpeed's bf16 mode "
+                                 "(precision: bf16) already keeps bf16 weights and fp32 masters")
+        buckets = self.training.batch.length_buckets if "training" in self.model_fields_set else None
+        if buckets is not None and buckets[-1] < max(self.data.max_source_length, self.data.max_target_length):
+            raise ValueError(
+                f"training.batch.lengthBuckets ends at {buckets[-1]}, shorter than the longest sentence the data "
+                f"keeps (data.maxSourceLength {self.data.max_source_length}, maxTargetLength "
+                f"{self.data.max_target_length}): add a bucket of at least "
+                f"{max(self.data.max_source_length, self.data.max_target_length)}")
         average, steps, interval = self.checkpoint.average, self.training.max_steps, self.checkpoint.interval
         if average is not None and steps is not None and math.ceil(steps / interval) < average.count:
             # Checkpoints land every `interval` steps and at the last one.

@@ -32,8 +32,8 @@ DEEPSPEED = {"distributed": {"backend": "deepspeed", "zeroStage": 2}}
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("compile")
     out, summaries = {}, {}
-    for name, spec in {"eager": {}, "ddp": {"training": {"compile": True}},
-                       "deepspeed": {"training": {"compile": True}, **DEEPSPEED}}.items():
+    for name, spec in {"eager": {}, "ddp": {"training": {"compile": "default"}},
+                       "deepspeed": {"training": {"compile": "default"}, **DEEPSPEED}}.items():
         out[name] = tmp / name
         # One process under torchrun: DeepSpeed wants a process group.
         summaries[name] = torchrun_training(deep_update(BASE, {"spec": spec}), out[name], 1,

@@ -56,14 +56,19 @@ def test_loss_falls_and_every_output_is_written(write_config, tmp_path):
     assert any((out / "tensorboard").iterdir())
 
 
-def test_resume_continues_exactly_where_it_stopped(write_config, tmp_path):
+@pytest.mark.parametrize("weights_in", ["fp32", "bf16 with fp32 masters"])
+def test_resume_continues_exactly_where_it_stopped(write_config, tmp_path, weights_in):
     """2N steps straight == N steps, then a new process resuming N more (noam: LR ignores the total).
 
     The two runs train their own tokenizers, so this also relies on tokenizer training being
-    deterministic; BPE here, so that a real training covers it (the other tests use Unigram).
+    deterministic; BPE here, so that a real training covers it (the other tests use Unigram). With
+    bf16Parameters the checkpoint's fp32 masters must give back both the masters and their bf16
+    parameters.
     """
     n = 10
-    write_config = functools.partial(write_config, {"tokenizer": {"train": {"type": "bpe", "vocabSize": 300}}})
+    precision = {"training": {"precision": "bf16", "bf16Parameters": True}} if weights_in != "fp32" else {}
+    write_config = functools.partial(write_config, {"tokenizer": {"train": {"type": "bpe", "vocabSize": 300}},
+                                                    **precision})
     straight = tmp_path / "straight"
     train_from_file(str(write_config()), str(straight), overrides=[f"spec.training.maxSteps={2 * n}"], progress=False)
 

@@ -88,3 +88,80 @@ def test_second_backward_is_refused_and_bad_smoothing_is_named():
         loss.backward()
     with pytest.raises(ValueError, match=r"label smoothing must be in \[0, 1\), got 1.0"):
         label_smoothed_cross_entropy(logits, torch.tensor([1, 3]), 1.0)
+
+
+# ------------------------------------------------------------------ the head and the loss in chunks
+
+
+def linear_reference(hidden, weight, bias, labels, smoothing):
+    """In float64, through the logit matrix."""
+    logits = hidden.double() @ weight.double().t() + (0 if bias is None else bias.double())
+    return F.cross_entropy(logits, labels, ignore_index=-100, label_smoothing=smoothing, reduction="sum")
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("chunks", [1, 3, 7])
+def test_linear_cross_entropy_is_the_head_then_the_loss(bias, chunks):
+    torch.manual_seed(1)
+    rows, width, vocab = 50, 16, 97
+    h = torch.randn(rows, width, requires_grad=True)
+    w = (torch.randn(vocab, width) * 0.3).requires_grad_(True)
+    b = (torch.randn(vocab) * 0.3).requires_grad_(True) if bias else None
+    y = torch.randint(0, vocab, (rows,))
+    y[::4] = -100
+    loss = losses.linear_cross_entropy(h, w, b, y, 0.1, chunks=chunks)
+    grads = torch.autograd.grad(loss * 0.37, [t for t in (h, w, b) if t is not None])
+    ref_inputs = [t.detach().double().requires_grad_(True) for t in (h, w, b) if t is not None]
+    ref = linear_reference(ref_inputs[0], ref_inputs[1], ref_inputs[2] if bias else None, y, 0.1)
+    ref_grads = torch.autograd.grad(ref * 0.37, ref_inputs)
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss.double(), ref, rtol=1e-5, atol=1e-4)
+    for got, want in zip(grads, ref_grads):
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-6)
+    assert grads[0][y == -100].abs().max() == 0  # ignored rows pass nothing back
+
+
+def test_linear_cross_entropy_projects_in_autocasts_dtype():
+    torch.manual_seed(2)
+    h, w = torch.randn(40, 16, requires_grad=True), (torch.randn(60, 16) * 0.3).requires_grad_(True)
+    y = torch.randint(0, 60, (40,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = losses.linear_cross_entropy(h, w, None, y, 0.1, chunks=2)
+    loss.backward()
+    assert loss.dtype == torch.float32 and h.grad.dtype == torch.float32 and w.grad.dtype == torch.float32
+    ref = linear_reference(h.detach(), w.detach(), None, y, 0.1)
+    # bf16 operands: about 3 significant digits, as an nn.Linear under autocast gives.
+    torch.testing.assert_close(loss.double(), ref, rtol=1e-2, atol=0)
+
+
+def peak_bytes(fn) -> int:
+    """The most bytes that torch's CPU allocator held at once while `fn` ran, over what it held before."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    # Allocations inside an operator count as its own ("self") memory, frees outside any as "[memory]"
+    # events: in time order, their running sum is what the allocator held.
+    live = peak = 0
+    for event in sorted(prof.events(), key=lambda e: e.time_range.start):
+        live += event.self_cpu_memory_usage
+        peak = max(peak, live)
+    return peak
+
+
+def test_linear_cross_entropy_never_holds_the_logits():
+    """The point of the chunks: the (tokens × vocabulary) matrix, in fp32 or otherwise, never exists."""
+    torch.manual_seed(3)
+    rows, width, vocab = 2048, 32, 4000
+    h = torch.randn(rows, width, requires_grad=True)
+    w = (torch.randn(vocab, width) * 0.1).requires_grad_(True)
+    y = torch.randint(0, vocab, (rows,))
+    logits_bytes = rows * vocab * 4
+
+    def through_logits():
+        label_smoothed_cross_entropy(h @ w.t(), y, 0.1).backward()
+
+    def chunked():
+        losses.linear_cross_entropy(h, w, None, y, 0.1).backward()
+
+    assert peak_bytes(through_logits) >= 2 * logits_bytes  # the logits and their gradient
+    assert peak_bytes(chunked) < logits_bytes / 4

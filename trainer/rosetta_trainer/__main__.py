@@ -170,6 +170,7 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
         if mirror is not None:  # the run failed: still let the queued upload land
             mirror.finish(timeout=trainer.stop.remaining_grace())
         telemetry.close()
+        trainer.backend.release()
         close(world)
         del torch
 

@@ -10,29 +10,35 @@ behind that interface.
 from __future__ import annotations
 
 import contextlib
+import gc
 from pathlib import Path
 
 import torch
 
 from rosetta_contract.config import TrainerSpec
 from rosetta_trainer.distributed import World
+from rosetta_trainer.losses import logit_chunks
+from rosetta_trainer.master_weights import MasterWeights
 from rosetta_trainer.schedules import lr_multiplier
+from rosetta_trainer.seq2seq_loss import Seq2SeqLoss
 
 
-def param_groups(model, weight_decay: float) -> list[dict]:
-    """AdamW groups: no weight decay on biases, norms and other 1-d parameters."""
+def param_groups(model, weight_decay: float, named=None) -> list[dict]:
+    """AdamW groups: no weight decay on biases, norms and other 1-d parameters. `named`: the
+    (name, parameter) pairs to group, when not the model's own (fp32 masters)."""
     decay, no_decay = [], []
-    for name, p in model.named_parameters():
+    for name, p in named if named is not None else model.named_parameters():
         if p.requires_grad:
             (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def make_optimizer(spec: TrainerSpec, groups: list[dict], cuda: bool) -> torch.optim.AdamW:
-    """torch's AdamW with the spec's settings: fused kernels on CUDA, foreach on the CPU."""
+def make_optimizer(spec: TrainerSpec, groups: list[dict], fused: bool) -> torch.optim.AdamW:
+    """torch's AdamW with the spec's settings, fused (one kernel over all parameters, CUDA and CPU
+    alike, and able to skip a step on a device flag) or foreach."""
     t = spec.training
     kwargs = dict(lr=t.learning_rate, betas=tuple(t.adam_betas), eps=t.adam_eps)
-    kwargs["fused" if cuda else "foreach"] = True
+    kwargs["fused" if fused else "foreach"] = True
     return torch.optim.AdamW(groups, **kwargs)
 
 
@@ -62,8 +68,74 @@ def compile_stats() -> dict:
             "graph_breaks": int(sum(counters["graph_break"].values()))}
 
 
+# Compilations a run may make before dynamo gives up and runs eagerly: the step is compiled with
+# dynamic batch and length dimensions, so a handful covers every shape of an epoch (dynamo's
+# default of 8 is for functions that specialise on every shape).
+RECOMPILE_LIMIT = 16
+
+
+# torch.compile's backend: inductor (the default) generates the kernels; "aot_eager" stops after the
+# graph capture and autograd's partition, which shows in seconds, not minutes, whether a model
+# compiles whole (bench/gpu_checks.py --cpu rehearses with it; also a first step when a compiled run fails).
+COMPILE_BACKEND_ENV = "ROSETTA_COMPILE_BACKEND"
+
+
+def compile_step(module: torch.nn.Module, mode: str, backend: str | None = None) -> torch.nn.Module:
+    """torch.compile `module` in `mode` ("default", "reduce-overhead", "max-autotune", ...), with
+    `backend` (default: $ROSETTA_COMPILE_BACKEND, else inductor)."""
+    import os
+
+    import torch._dynamo
+
+    backend = backend or os.environ.get(COMPILE_BACKEND_ENV) or "inductor"
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    if backend != "inductor":
+        return torch.compile(module, backend=backend)
+    return torch.compile(module, mode=None if mode == "default" else mode)
+
+
+def mark_dynamic(*tensors: torch.Tensor) -> None:
+    """Batch and length dimensions vary from batch to batch: compile them as symbols once, rather
+    than specialising on the first shape and recompiling on the next. `maybe_`: a dimension the
+    model's code does specialise stays static instead of failing."""
+    import torch._dynamo
+
+    for tensor in tensors:
+        torch._dynamo.maybe_mark_dynamic(tensor, 0)
+        torch._dynamo.maybe_mark_dynamic(tensor, 1)
+
+
+@torch.no_grad()
+def gradient_norm(parameters: list[torch.nn.Parameter], max_norm: float | None) -> torch.Tensor:
+    """The global gradient norm, on the device, after clipping the gradients to `max_norm` (None: no
+    clipping). torch's clip_grad_norm_ in fewer launches: one multi-tensor norm, one norm of those,
+    the clip coefficient, one multi-tensor scale (a step's tail is launch-bound on a GPU)."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    if max_norm is not None:
+        # Non-finite norms make a non-finite coefficient; that step is skipped anyway (non_finite).
+        torch._foreach_mul_(grads, (total + 1e-6).reciprocal_().mul_(max_norm).clamp_(max=1.0))
+    return total
+
+
+def non_finite(norm: torch.Tensor) -> torch.Tensor:
+    """1.0 where `norm` is NaN or infinite, else 0.0, as the fused optimizer's found_inf flag wants it:
+    0 · x is NaN exactly for those, which one comparison finds (isfinite takes four kernels)."""
+    zero = norm * 0
+    return (zero != zero).to(torch.float32)
+
+
 class DDPBackend:
-    """torch DistributedDataParallel (or the bare model in a world of one) with AdamW."""
+    """torch DistributedDataParallel (or the bare model in a world of one) with AdamW.
+
+    The step is written so that nothing in it waits for the device: the loss and the token count
+    come back as device tensors, the gradient norm stays on the device, and a non-finite norm
+    skips the update through the fused optimizer's `found_inf` flag (the loop reads the flags once
+    per log interval). With training.compile, the forward, the loss and (through AOTAutograd) the
+    backward are one compiled region; the optimizer is not compiled: fused, it is one kernel already.
+    """
 
     name = "ddp"
     zero_stage = 0
@@ -72,62 +144,107 @@ class DDPBackend:
         self.spec, self.world = spec, world
         t = spec.training
         self.module = model.to(world.device)
-        wrapped = torch.compile(self.module) if t.compile else self.module
+        # bf16 parameters, fp32 masters for the optimizer (master_weights.py); None: fp32 parameters.
+        self.masters = MasterWeights(self.module) if t.bf16_parameters else None
+        self.compiled = t.compile != "none"
+        chunks = None  # eager: cut each batch by its own size
+        if self.compiled:
+            # Compiled with dynamic shapes, the count must not follow the batch: fixed for the largest
+            # batch the spec allows, in device-sized chunks (on a CPU too: inductor fuses each chunk's
+            # passes, so cache-sized chunks would only multiply the matrix products).
+            rows = t.batch.tokens or t.batch.sentences * spec.data.max_target_length
+            vocab = self.module.get_output_embeddings().weight.size(0)
+            chunks = logit_chunks(rows, vocab, torch.device("cuda"))
+        self.criterion = Seq2SeqLoss(self.module, t.label_smoothing, chunks)
+        step = compile_step(self.criterion, t.compile) if self.compiled else self.criterion
         if world.distributed:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             ids = [world.device.index] if world.device.type == "cuda" else None
-            wrapped = DDP(wrapped, device_ids=ids)
-        self.model = wrapped
-        self.optimizer = make_optimizer(spec, param_groups(self.module, t.weight_decay), world.device.type == "cuda")
+            # The model's buffers (Marian's logit bias) never change: no broadcast before each forward.
+            step = DDP(step, device_ids=ids, forward_sync_buffers=False)
+        self.step_module = step
+        # Evaluation and generation run the plain model, eagerly.
+        self.model = self.module
+        named = self.masters.named_master() if self.masters else None
+        self.optimizer = make_optimizer(spec, param_groups(self.module, t.weight_decay, named), fused=True)
         self.scheduler = make_scheduler(spec, total_steps)(self.optimizer)
         self.scaler = torch.amp.GradScaler("cuda") if t.precision == "fp16" else None
+        self._no_skip = torch.zeros((), device=world.device)
 
-    def forward(self, **inputs):
+    def forward_loss(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                     labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean loss per target token, target tokens) of a micro-batch, as device tensors."""
+        if self.compiled:
+            mark_dynamic(input_ids, attention_mask, labels)
         with autocast(self.spec.training.precision, self.world.device):
-            return self.model(**inputs)
+            return self.step_module(input_ids, attention_mask, labels)
 
     def backward(self, loss: torch.Tensor, accumulation: int, boundary: bool) -> None:
         # Only the last micro-batch of a window all-reduces gradients.
-        sync = contextlib.nullcontext() if boundary or not self.world.distributed else self.model.no_sync()
-        scaled = loss / accumulation
+        sync = contextlib.nullcontext() if boundary or not self.world.distributed else self.step_module.no_sync()
+        scaled = loss / accumulation if accumulation > 1 else loss  # two launches fewer, forward and backward
         if self.scaler:
             scaled = self.scaler.scale(scaled)
         with sync:
             scaled.backward()
 
-    def step(self) -> tuple[torch.Tensor, bool]:
-        """Clip and step. Returns (gradient norm, whether the step was applied).
+    def step(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Clip and step. Returns (gradient norm, 1 if the update was skipped else 0), on the device.
 
-        A non-finite gradient norm skips the update (one host sync per step; every rank sees
-        the same all-reduced gradients, so all agree without a collective).
+        A non-finite gradient norm skips the update: every rank sees the same all-reduced
+        gradients, so all skip together without a collective. The learning-rate schedule counts
+        the step until the loop reads the flag and calls unskip_schedule.
         """
         t = self.spec.training
+        if self.masters:
+            stepped = self.masters.gradients_to_master()
+        else:
+            stepped = list(self.module.parameters())
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
-        max_norm = t.clip_grad_norm if t.clip_grad_norm is not None else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), max_norm).detach()
-        applied = True
+        grad_norm = gradient_norm(stepped, t.clip_grad_norm)
         if self.scaler:
             # fp16: the scaler skips overflowing steps and lowers the scale; that is routine
             # loss scaling, not a numerical fault.
             self.scaler.step(self.optimizer)
             self.scaler.update()
-        elif not bool(torch.isfinite(grad_norm)):
-            applied = False
+            skipped = self._no_skip
         else:
+            skipped = non_finite(grad_norm)
+            self.optimizer.grad_scale, self.optimizer.found_inf = None, skipped
             self.optimizer.step()
-        if applied:
-            self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return grad_norm, applied
+        self.scheduler.step()
+        if self.masters:
+            self.masters.master_to_parameters()  # a skipped step copies back the unchanged masters
+            self.module.zero_grad(set_to_none=True)
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm, skipped
+
+    def release(self) -> None:
+        """Drop the DDP wrapper while its process group is still up. Freed later, its reducer would
+        take the group's last reference with it, and the group's destructor then waits for a gloo
+        thread that needs the interpreter lock the destructor holds: a hang at exit."""
+        self.step_module = None
+        gc.collect()
+
+    def unskip_schedule(self, steps: int) -> None:
+        """Take back the schedule's count of `steps` skipped updates, once the loop has read their
+        flags: from then on the learning rate is where it would be had they never been taken."""
+        s = self.scheduler
+        s.last_epoch -= steps
+        for group, base, factor in zip(self.optimizer.param_groups, s.base_lrs, s.lr_lambdas):
+            group["lr"] = base * factor(s.last_epoch)
+        s._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     def last_lr(self) -> float:
         return self.scheduler.get_last_lr()[0]
 
     def weights_finite(self) -> bool:
         # One host sync for the whole model, not one per tensor.
-        return bool(torch.stack([torch.isfinite(p).all() for p in self.module.parameters()]).all())
+        weights = self.masters.master if self.masters else list(self.module.parameters())
+        return bool(torch.stack([torch.isfinite(p).all() for p in weights]).all())
 
     # ------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
@@ -145,8 +262,29 @@ class DDPBackend:
 
     def save_model(self, directory: Path) -> None:
         """Collective. DDP replicas are identical: rank 0 writes Hugging Face weights."""
-        if self.world.is_main:
+        if not self.world.is_main:
+            return
+        if self.masters is None:
             self.module.save_pretrained(directory / "model", safe_serialization=True)
+            return
+        self.module.save_pretrained(directory / "model", safe_serialization=True,
+                                    state_dict=self.masters.state_dict_of(self.module))
+        # save_pretrained writes the module's own dtype (bf16) into the config, and from_pretrained
+        # loads in the config's dtype: a resumed run must start from the fp32 masters, not their rounding.
+        say_float32(directory / "model" / "config.json")
+
+
+def say_float32(config_file: Path) -> None:
+    """Every "dtype" of a saved transformers config (sub-configs too) set to float32."""
+    import json
+
+    def widen(node):
+        if isinstance(node, dict):
+            return {k: "float32" if k in ("dtype", "torch_dtype") and v == "bfloat16" else widen(v)
+                    for k, v in node.items()}
+        return [widen(v) for v in node] if isinstance(node, list) else node
+
+    config_file.write_text(json.dumps(widen(json.loads(config_file.read_text())), indent=2, sort_keys=True) + "\n")
 
 
 def enable_activation_checkpointing(model) -> None:

@@ -22,6 +22,8 @@ from rosetta_contract.documents import deep_merge
 from rosetta_contract.strict_model import ConfigError
 from rosetta_trainer.backends import make_optimizer, make_scheduler, param_groups
 from rosetta_trainer.distributed import World
+from rosetta_trainer.losses import label_smoothed_cross_entropy
+from rosetta_trainer.seq2seq_loss import IGNORE_INDEX, decoder_mask, padding_mask_4d
 
 log = logging.getLogger(__name__)
 
@@ -101,14 +103,14 @@ class DeepSpeedBackend:
         groups = param_groups(model, t.weight_decay)
         client_optimizer = None
         if "optimizer" not in self.config:
-            client_optimizer = make_optimizer(spec, groups, cuda)
+            client_optimizer = make_optimizer(spec, groups, fused=cuda)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, model_parameters=groups, optimizer=client_optimizer,
             lr_scheduler=make_scheduler(spec, total_steps), config=self.config)
-        if t.compile:
+        if t.compile != "none":
             # The engine's compile, not torch.compile(model) before initialize: it compiles the
             # module in place, so parameter names (DeepSpeed checkpoints, the export) stay the model's.
-            self.engine.compile()
+            self.engine.compile(compile_kwargs={} if t.compile == "default" else {"mode": t.compile})
         self.module = self.engine.module
         self.model = self.engine
         self.zero_stage = self.engine.zero_optimization_stage()  # the overrides may have changed it
@@ -118,9 +120,19 @@ class DeepSpeedBackend:
                      self.zero_stage, spec.distributed.offload.optimizer, spec.distributed.offload.parameters,
                      t.precision)
 
-    def forward(self, **inputs):
-        # DeepSpeed casts the model to bf16/fp16 itself; no autocast around it.
-        return self.engine(**inputs)
+    def forward_loss(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                     labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean loss per target token, target tokens). The engine runs the model's own forward (under
+        ZeRO-3 only it can gather the head's weight) and the loss takes its logits; the padding mask
+        goes in 4-D, as in Seq2SeqLoss. DeepSpeed casts the model to bf16/fp16 itself: no autocast."""
+        module = self.module
+        mask = padding_mask_4d(attention_mask, module.config._attn_implementation, module.dtype)
+        decoder_input_ids = module.prepare_decoder_input_ids_from_labels(labels=labels)
+        logits = self.engine(input_ids=input_ids, attention_mask=mask, decoder_input_ids=decoder_input_ids,
+                             decoder_attention_mask=decoder_mask(module, decoder_input_ids)).logits
+        loss_sum = label_smoothed_cross_entropy(logits, labels, self.spec.training.label_smoothing, IGNORE_INDEX)
+        tokens = (labels != IGNORE_INDEX).sum()
+        return loss_sum / tokens.clamp(min=1), tokens
 
     def backward(self, loss: torch.Tensor, accumulation: int, boundary: bool) -> None:
         # The engine divides by gradient_accumulation_steps and reduces only at the boundary;
@@ -128,11 +140,12 @@ class DeepSpeedBackend:
         self.engine.backward(loss)
         self.engine.step()
 
-    def step(self) -> tuple[torch.Tensor, bool]:
-        """The engine already stepped at the last micro-batch; report what it did.
+    def step(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The engine already stepped at the last micro-batch; report what it did, as DDPBackend.step.
 
-        ZeRO's optimizers skip a step whose gradient norm is not finite (and then do
-        not advance the learning-rate schedule), so non-finite weights never arise here.
+        ZeRO's optimizers skip a step whose gradient norm is not finite (and then do not advance
+        the learning-rate schedule), so non-finite weights never arise here. DeepSpeed reads its
+        overflow flag on the host inside its step: a synchronisation per step that is its own.
         """
         applied = self.engine.skipped_steps == self._skipped
         self._skipped = self.engine.skipped_steps
@@ -140,7 +153,14 @@ class DeepSpeedBackend:
         if norm is None:
             norm = float("nan") if not applied else 0.0
         norm = float(norm.item() if isinstance(norm, torch.Tensor) else norm)
-        return torch.tensor(norm, device=self.world.device), applied
+        device = self.world.device
+        return torch.tensor(norm, device=device), torch.tensor(0.0 if applied else 1.0, device=device)
+
+    def unskip_schedule(self, steps: int) -> None:
+        """Nothing to take back: the engine does not advance the schedule on a skipped step."""
+
+    def release(self) -> None:
+        """The engine's process groups end with DeepSpeed's own teardown."""
 
     def last_lr(self) -> float:
         return self.scheduler.get_last_lr()[0]

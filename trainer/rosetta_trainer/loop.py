@@ -20,7 +20,7 @@ from rosetta_contract.metrics import LABELS
 from rosetta_contract.strict_model import ConfigError
 from rosetta_trainer import batching
 from rosetta_trainer.backends import build_backend, compile_stats
-from rosetta_trainer.batching import IGNORE_INDEX, EncodedCorpus
+from rosetta_trainer.batching import EncodedCorpus, batch_shapes
 from rosetta_trainer.checkpoint import CheckpointManager, directory_bytes
 from rosetta_trainer.data import Example
 from rosetta_trainer.distributed import (
@@ -32,7 +32,6 @@ from rosetta_trainer.distributed import (
 )
 from rosetta_trainer.evaluate import evaluate_examples, primary_metric, validation_loss
 from rosetta_trainer.flops import Seq2SeqDims, peak_for_run, training_flops
-from rosetta_trainer.losses import label_smoothed_cross_entropy
 from rosetta_trainer.preemption import StopRequested
 from rosetta_trainer.step_clock import StepClock
 from rosetta_trainer.telemetry import Telemetry
@@ -79,6 +78,7 @@ class Trainer:
         t = spec.training
         self.dims = Seq2SeqDims.from_hf_config(model.config)
         self.pad_id = tokenizer.pad_token_id
+        self.shapes = batch_shapes(spec)
         self.src_len, self.tgt_len = train_corpus.lengths()
         self.batches_per_epoch = len(self._plan(0))
         if self.batches_per_epoch == 0:
@@ -86,8 +86,11 @@ class Trainer:
                              f"(world size {world.size}); add data or lower the world size")
         self.total_steps = t.max_steps or max(1, math.ceil(t.epochs * self.batches_per_epoch / t.gradient_accumulation))
         self.backend = build_backend(spec, world, model, self.total_steps)
-        self.raw_model, self.model = self.backend.module, self.backend.model
+        self.model = self.backend.model
         self.skipped_steps: list[int] = []
+        # (step, gradient norm, skipped flag) of the steps since the flags were last read: device
+        # tensors, read together once per log interval (and before a checkpoint), not once per step.
+        self._unread: list[tuple[int, torch.Tensor, torch.Tensor]] = []
         gpu = torch.cuda.get_device_name(world.device) if world.device.type == "cuda" else None
         try:
             self.peak, peak_source = peak_for_run(gpu, t.precision, spec.metrics.peak_flops)
@@ -114,7 +117,8 @@ class Trainer:
     def _plan(self, epoch: int) -> list[list[int]]:
         b = self.spec.training.batch
         plan = batching.plan_epoch(self.src_len, self.tgt_len, seed=self.spec.training.seed, epoch=epoch,
-                                   max_tokens=b.tokens, max_sentences=b.sentences, world_size=self.world.size)
+                                   max_tokens=b.tokens, max_sentences=b.sentences, world_size=self.world.size,
+                                   shapes=self.shapes)
         return batching.rank_batches(plan, self.world.rank, self.world.size)
 
     def state_dict(self) -> dict:
@@ -135,10 +139,12 @@ class Trainer:
         """Endless stream of (epoch, index-in-epoch, batch) from the saved position on."""
         epoch, start = self.pos.epoch, self.pos.batch
         pin = self.world.device.type == "cuda"
+        b = self.spec.training.batch
+        collation = batching.Collation(self.pad_id, self.shapes, b.tokens, b.sentences,
+                                       functools.partial(training_flops, self.dims))
         while True:
             plan = self._plan(epoch)
-            batches = batching.iterate(self.corpus, plan, self.pad_id, start, pin,
-                                       flops=functools.partial(training_flops, self.dims))
+            batches = batching.iterate(self.corpus, plan, collation, start, pin)
             for i, batch in enumerate(batches, start):
                 yield epoch, i, batch
             epoch, start = epoch + 1, 0
@@ -148,12 +154,7 @@ class Trainer:
         input_ids = batch["input_ids"].to(dev, non_blocking=True)
         attention = batch["attention_mask"].to(dev, non_blocking=True)
         labels = batch["labels"].to(dev, non_blocking=True)
-        decoder_inputs = self.raw_model.prepare_decoder_input_ids_from_labels(labels=labels)
-        logits = self.backend.forward(input_ids=input_ids, attention_mask=attention,
-                                      decoder_input_ids=decoder_inputs).logits
-        n_tokens = (labels != IGNORE_INDEX).sum()
-        loss_sum = label_smoothed_cross_entropy(logits, labels, self.spec.training.label_smoothing, IGNORE_INDEX)
-        loss = loss_sum / n_tokens.clamp(min=1)
+        loss, n_tokens = self.backend.forward_loss(input_ids, attention, labels)
         self.backend.backward(loss, accumulation, boundary)
         return loss.detach(), n_tokens
 
@@ -199,6 +200,7 @@ class Trainer:
                     bar.update(1)
 
                 if pos.step % t.log_interval == 0 or pos.step == self.total_steps:
+                    self._read_step_flags()
                     window[7:9] = torch.tensor(clock.take(), dtype=torch.float64)
                     last_record = self._log(window, loss_window, grad_norm, time.perf_counter() - window_start, totals)
                     if bar is not None:
@@ -221,26 +223,38 @@ class Trainer:
                     break
         finally:
             stream.close()
+        self._read_step_flags()
         if bar is not None:
             bar.close()
         self.stop.restore()
         return self._finish(last_record, totals, time.perf_counter() - run_start, stopped_early)
 
     def _optimizer_step(self) -> torch.Tensor:
-        grad_norm, applied = self.backend.step()
-        if not applied:
-            self._non_finite(grad_norm)
+        grad_norm, skipped = self.backend.step()
+        self._unread.append((self.pos.step + 1, grad_norm, skipped))
         return grad_norm
 
-    def _non_finite(self, grad_norm: torch.Tensor) -> None:
+    def _read_step_flags(self) -> None:
+        """Read the skipped-step flags of the steps since the last read, in one transfer, and apply
+        spec.training.nanPolicy to each skipped one."""
+        if not self._unread:
+            return
+        unread, self._unread = self._unread, []
+        read = torch.stack([torch.stack([norm.float(), flag]) for _, norm, flag in unread]).cpu().tolist()
+        skipped = [(step, norm) for (step, _, _), (norm, flag) in zip(unread, read) if flag]
+        if skipped:
+            self.backend.unskip_schedule(len(skipped))
+        for step, norm in skipped:
+            self._non_finite(step, norm)
+
+    def _non_finite(self, step: int, grad_norm: float) -> None:
         """A step whose loss or gradients were not finite was not applied: record it, then
-        go on (nanPolicy: skip) or stop with the weights of the previous step (stop)."""
-        step = self.pos.step + 1
+        go on (nanPolicy: skip) or stop with the weights of the last applied step (stop)."""
         self.skipped_steps.append(step)
-        message = (f"step {step}: non-finite gradient norm ({float(grad_norm):g}); the update was "
+        message = (f"step {step}: non-finite gradient norm ({grad_norm:g}); the update was "
                    f"not applied ({len(self.skipped_steps)} skipped so far)")
         if self.world.is_main:
-            self.telemetry.log_event({"event": "non_finite", "step": step, "grad_norm": float(grad_norm),
+            self.telemetry.log_event({"event": "non_finite", "step": step, "grad_norm": grad_norm,
                                       "policy": self.spec.training.nan_policy})
         if self.spec.training.nan_policy == "stop":
             raise NonFiniteError(message + "; spec.training.nanPolicy is 'stop'. The newest checkpoint "
@@ -343,6 +357,7 @@ class Trainer:
         return record
 
     def _save(self) -> Path:
+        self._read_step_flags()  # a stop (nanPolicy: stop) comes before the checkpoint, not after it
         evaluated_now = self.pos.step % self.eval_interval == 0 and bool(self.eval_set)
         # "score" is the primary metric's value (what best() ranks by); "metric" says which one it is.
         meta = {"epoch": self.pos.epoch, "score": self.pos.last_score if evaluated_now else None,
@@ -396,7 +411,7 @@ class Trainer:
             "device": str(self.world.device),
             "precision": self.spec.training.precision,
             "peak_flops": self.peak,
-            "compile": compile_stats() if self.spec.training.compile else None,
+            "compile": compile_stats() if self.spec.training.compile != "none" else None,
             "latest_checkpoint": str(self.checkpoints.root / f"step-{pos.step:08d}"),
             "best_checkpoint": str(best) if best else None,
         }

@@ -80,3 +80,92 @@ def label_smoothed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, smo
     vocab = logits.size(-1)
     return _LabelSmoothedCrossEntropy.apply(logits.reshape(-1, vocab), labels.reshape(-1), float(smoothing),
                                             int(ignore_index))
+
+
+# The logits of one chunk of rows, in fp32, on an accelerator: large enough that each pass is one
+# well-filled kernel, small enough that the whole (tokens × vocabulary) matrix never exists.
+DEVICE_CHUNK_BYTES = 128 << 20
+
+
+def logit_chunks(tokens: int, vocab: int, device: torch.device) -> int:
+    """Into how many row chunks linear_cross_entropy cuts `tokens` rows of a `vocab`-wide head."""
+    budget = CPU_CHUNK_BYTES if device.type == "cpu" else DEVICE_CHUNK_BYTES
+    return max(1, -(-tokens * vocab * 4 // budget))
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """The output projection and the label-smoothed cross-entropy, chunk by chunk over the rows.
+
+    Each chunk's logits are made, turned into the loss and their closed-form gradient (as in
+    _LabelSmoothedCrossEntropy), and that gradient is pushed through the projection at once: into the
+    hidden states' gradient (rows of the chunk) and the weight's (summed over chunks, in fp32). The
+    saved tensors are gradients of the hidden states and of the weight, the size of the model's own,
+    not of the logits.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
+                smoothing: float, ignore_index: int, chunks: int):
+        vocab = weight.size(0)
+        grad_hidden = torch.empty_like(hidden)
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        grad_bias = torch.zeros(vocab, dtype=torch.float32, device=weight.device) if bias is not None else None
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        for h, y, gh in zip(hidden.tensor_split(chunks), labels.tensor_split(chunks),
+                            grad_hidden.tensor_split(chunks)):
+            x = (h @ weight.t()).float()
+            if bias is not None:
+                x = x + bias.float()
+            valid = y != ignore_index
+            target = y.masked_fill(~valid, 0).unsqueeze(-1)
+            w = valid.unsqueeze(-1).to(torch.float32)
+            top = x.amax(dim=-1, keepdim=True)
+            loss = top - (1 - smoothing) * x.gather(-1, target)
+            if smoothing:
+                loss = loss - smoothing * x.mean(dim=-1, keepdim=True)
+            g = x.sub_(top).exp_()  # x is a fresh fp32 buffer: reused for the softmax and the gradient
+            norm = g.sum(dim=-1, keepdim=True)
+            total += ((loss + norm.log()) * w).sum()
+            g.mul_(w / norm)
+            if smoothing:
+                g.sub_(w * (smoothing / vocab))
+            g.scatter_add_(-1, target, w * -(1 - smoothing))
+            if grad_bias is not None:
+                grad_bias += g.sum(0)
+            g = g.to(hidden.dtype)
+            torch.mm(g, weight, out=gh)
+            grad_weight += g.t() @ h
+        ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype),
+                              grad_bias.to(bias.dtype) if grad_bias is not None else None)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
+        scale = grad_output.to(grad_hidden.dtype)
+        return (grad_hidden * scale, grad_weight * scale.to(grad_weight.dtype),
+                None if grad_bias is None else grad_bias * scale.to(grad_bias.dtype), None, None, None, None)
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                         labels: torch.Tensor, smoothing: float = 0.0, ignore_index: int = -100,
+                         chunks: int | None = None) -> torch.Tensor:
+    """label_smoothed_cross_entropy(hidden @ weight.T + bias, labels, ...) without the logit matrix.
+
+    `hidden` (..., d) and `labels` (...) are flattened to rows; `weight` is (vocabulary, d). Under
+    autocast the projection runs in autocast's dtype, as an nn.Linear would, and the softmax in fp32.
+    `chunks` defaults to logit_chunks(); it must not depend on the batch under torch.compile with
+    dynamic shapes (a Python loop's length is specialised), so the trainer fixes it per run.
+    """
+    if not 0.0 <= smoothing < 1.0:
+        raise ValueError(f"label smoothing must be in [0, 1), got {smoothing}")
+    hidden = hidden.reshape(-1, hidden.size(-1))
+    if torch.is_autocast_enabled(hidden.device.type):
+        dtype = torch.get_autocast_dtype(hidden.device.type)
+        hidden, weight = hidden.to(dtype), weight.to(dtype)
+    elif hidden.dtype != weight.dtype:
+        hidden = hidden.to(weight.dtype)
+    if chunks is None:
+        chunks = logit_chunks(hidden.size(0), weight.size(0), hidden.device)
+    return _LinearCrossEntropy.apply(hidden, weight, bias, labels.reshape(-1), float(smoothing), int(ignore_index),
+                                     int(chunks))
