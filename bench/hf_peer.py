@@ -160,7 +160,9 @@ def main() -> int:
         use_cpu=world.device.type == "cpu",
         # The Trainer's length bucketing (formerly group_by_length=True).
         train_sampling_strategy="group_by_length",
-        torch_compile=t.compile,
+        # The Trainer compiles its model's forward, in torch's default mode: its batches change shape
+        # at every step, which CUDA graphs (Rosetta's reduce-overhead, on padded shapes) would re-record.
+        torch_compile=t.compile != "none",
         logging_steps=t.log_interval,
         save_strategy="no",
         eval_strategy="no",

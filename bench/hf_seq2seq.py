@@ -50,12 +50,19 @@ def parse_args(argv=None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=300, help="optimizer steps per run (default 300)")
     p.add_argument("--repeats", type=int, default=2, help="runs per system, alternated (default 2)")
+    p.add_argument("--architecture", default="transformer", choices=["transformer", "t5"],
+                   help="from-scratch architecture (default transformer: Marian's; t5: T5's relative attention)")
     p.add_argument("--model-size", default="small", choices=["tiny", "small", "base", "big"],
-                   help="transformer preset of rosetta_trainer.models (default small: 256 dims, 3+3 layers)")
+                   help="preset of rosetta_trainer.models (default small; transformer small: 256 dims, 3+3 layers; "
+                        "t5 small: t5-small's shape)")
+    p.add_argument("--compile", default="none",
+                   choices=["none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
+                   help="training.compile for Rosetta; the peer compiles its model in the same mode (default none)")
     p.add_argument("--batch", type=int, default=64, help="sentence pairs per batch (default 64)")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
     p.add_argument("--warmup", type=int, default=None, help="warm-up steps (default steps/10)")
-    p.add_argument("--schedule", default="linear", choices=["linear", "cosine", "constant"])
+    p.add_argument("--schedule", default="linear", choices=["linear", "cosine", "constant", "noam"],
+                   help="noam: inverse square root after the warm-up (the peer's inverse_sqrt); default linear")
     p.add_argument("--label-smoothing", type=float, default=0.1)
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--vocab", type=int, default=8000, help="Unigram vocabulary size (default 8000)")
@@ -130,7 +137,7 @@ def prepare(args, work: Path) -> tuple[Path, str]:
     tokenizer = train_tokenizer(TokenizerTraining(type="unigram", vocab_size=args.vocab),
                                 [*(e.source for e in examples), *(e.target for e in examples)], work / "tokenizer")
     torch.manual_seed(args.seed)
-    model = build_model(ModelSpec(architecture="transformer", size=args.model_size, dropout=args.dropout),
+    model = build_model(ModelSpec(architecture=args.architecture, size=args.model_size, dropout=args.dropout),
                         vocab_size=len(tokenizer), max_length=96)
     model.save_pretrained(str(work / "init-model"))
     tokenizer.save_pretrained(str(work / "init-model"))
@@ -151,7 +158,7 @@ def prepare(args, work: Path) -> tuple[Path, str]:
                 "maxSteps": args.steps, "batch": {"sentences": args.batch}, "learningRate": args.lr,
                 "schedule": args.schedule, "warmupSteps": args.warmup, "labelSmoothing": args.label_smoothing,
                 "precision": "bf16" if args.bf16 else "fp32", "seed": args.seed,
-                "logInterval": args.log_interval, "device": args.device,
+                "logInterval": args.log_interval, "device": args.device, "compile": args.compile,
             },
             # Only the last step is saved (the peer saves nothing; one save is outside the timing).
             "checkpoint": {"interval": args.steps, "keep": 1, "keepBest": False},

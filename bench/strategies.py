@@ -29,7 +29,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 VARIANTS = {
     "ddp": {"distributed": {"backend": "ddp"}},
-    "ddp+compile": {"distributed": {"backend": "ddp"}, "compile": True},
+    "ddp+compile": {"distributed": {"backend": "ddp"}, "compile": "default"},
+    "ddp+cudagraphs": {"distributed": {"backend": "ddp"}, "compile": "reduce-overhead"},
     "zero2": {"distributed": {"backend": "deepspeed", "zeroStage": 2}},
     "zero3": {"distributed": {"backend": "deepspeed", "zeroStage": 3}},
 }
@@ -60,7 +61,7 @@ def variant_document(base: dict, name: str, steps: int) -> dict:
     spec = document["spec"]
     change = VARIANTS[name]
     spec["distributed"] = change["distributed"]
-    spec["training"]["compile"] = change.get("compile", False)
+    spec["training"]["compile"] = change.get("compile", "none")
     spec["training"]["maxSteps"] = steps
     spec["checkpoint"] = {"interval": steps, "keep": 1, "keepBest": False}
     spec["evaluation"] = {**spec.get("evaluation", {}), "interval": steps, "atEnd": False, "maxSamples": 50}
