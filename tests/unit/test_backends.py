@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from rosetta_contract.documents import parse_document
-from rosetta_trainer.backends import DDPBackend, build_backend
+from rosetta_trainer.backends import DDPBackend, build_backend, gradient_norm, non_finite
 from rosetta_trainer.distributed import World
 from rosetta_trainer.models import build_model
 from support.training import TINY, deep_update
@@ -57,6 +57,26 @@ def test_a_non_finite_gradient_is_not_applied_and_the_schedule_is_taken_back():
     backward_once(fresh)
     fresh.step()
     assert b.last_lr() == fresh.last_lr()
+
+
+@pytest.mark.parametrize("scale", [0.0, 1e-3, 1.0, 1e3])
+@pytest.mark.parametrize("max_norm", [None, 1.0])
+def test_the_gradient_norm_clips_as_torch_does(scale, max_norm):
+    torch.manual_seed(0)
+    grads = [torch.randn(5, 3) * scale, torch.randn(7) * scale]
+    ours, theirs = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads], [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+    for p, q, g in zip(ours, theirs, grads):
+        p.grad, q.grad = g.clone(), g.clone()
+    expected = torch.nn.utils.clip_grad_norm_(theirs, max_norm if max_norm is not None else float("inf"))
+    torch.testing.assert_close(gradient_norm(ours, max_norm), expected)
+    for p, q in zip(ours, theirs):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
+@pytest.mark.parametrize("norm, flag", [(0.0, 0.0), (3.5, 0.0), (float("inf"), 1.0), (float("-inf"), 1.0), (float("nan"), 1.0)])
+def test_non_finite_flags_a_float_for_the_fused_optimizer(norm, flag):
+    found = non_finite(torch.tensor(norm))
+    assert found.dtype == torch.float32 and found.item() == flag
 
 
 def test_non_finite_weights_are_recognised():

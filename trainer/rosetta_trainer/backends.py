@@ -109,22 +109,25 @@ def mark_dynamic(*tensors: torch.Tensor) -> None:
 def gradient_norm(parameters: list[torch.nn.Parameter], max_norm: float | None) -> torch.Tensor:
     """The global gradient norm, on the device, after clipping the gradients to `max_norm` (None: no
     clipping). torch's clip_grad_norm_ in fewer launches: one multi-tensor norm, one norm of those,
-    the clip coefficient, one multi-tensor scale (a step's tail is launch-bound on a GPU)."""
+    the clip divisor, one multi-tensor division (a step's tail is launch-bound on a GPU)."""
     grads = [p.grad for p in parameters if p.grad is not None]
     if not grads:
         return torch.zeros(())
     total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
     if max_norm is not None:
-        # Non-finite norms make a non-finite coefficient; that step is skipped anyway (non_finite).
-        torch._foreach_mul_(grads, (total + 1e-6).reciprocal_().mul_(max_norm).clamp_(max=1.0))
+        # Dividing by max(norm / max_norm, 1) is clip_grad_norm_'s min(max_norm / norm, 1) scale in two
+        # launches, with no epsilon: a zero norm divides by 1. Non-finite norms make a non-finite
+        # divisor; that step is skipped anyway (non_finite).
+        torch._foreach_div_(grads, torch.div(total, max_norm).clamp_min_(1.0))
     return total
 
 
 def non_finite(norm: torch.Tensor) -> torch.Tensor:
     """1.0 where `norm` is NaN or infinite, else 0.0, as the fused optimizer's found_inf flag wants it:
-    0 · x is NaN exactly for those, which one comparison finds (isfinite takes four kernels)."""
+    0 · x is NaN exactly for those, which one comparison finds (isfinite takes four kernels), written
+    straight into a float (no cast)."""
     zero = norm * 0
-    return (zero != zero).to(torch.float32)
+    return torch.ne(zero, zero, out=torch.empty((), dtype=torch.float32, device=norm.device))
 
 
 class DDPBackend:
