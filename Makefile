@@ -22,8 +22,11 @@ $(STAMP): pyproject.toml Makefile $(CONSTRAINTS)
 demo: install
 	$(VENV)/bin/rosetta run -f examples/quickstart.yaml --output runs/quickstart
 
+# Two workers: the cluster tier (one group, tests/conftest.py) mostly waits on controllers and
+# containers while the other worker runs the rest. The slowest tests and a line per tier
+# (tests/support/tier_times.py) end the report: where the time went.
 test: install
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadgroup --durations=25
 
 test-fast: install
 	$(PY) -m pytest -m "not slow and not cluster"

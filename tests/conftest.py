@@ -151,13 +151,30 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
 
 CLUSTER_FIXTURES = ("cluster", "live_cluster")
 
+# `make test` runs two pytest-xdist workers (--dist loadgroup). Tests that share a session-wide
+# resource go to one worker as a group, so that it is built and started once: the simulated cluster
+# (`live`), the real node with the images it runs (`node`), the control plane of tests/integration
+# (`apiserver`). These mostly wait on controllers and containers, so they overlap well with each
+# other and with the CPU-bound tiers. First match wins; every other test is grouped with its file
+# (a module-scoped training, say, then runs once).
+XDIST_GROUPS = (
+    ("node_cluster", "node"), ("images", "node"), ("test_base", "node"), ("docker_engine", "node"),
+    ("local_registry", "node"), ("live_cluster", "live"), ("cluster", "apiserver"),
+)
 
+
+# tryfirst: xdist's worker reads the xdist_group marks in its own pytest_collection_modifyitems.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Every test on a control plane is in the `cluster` tier (`make test-fast` leaves it out). The
     # first one pays for the control plane, which on a machine without cached binaries means
     # building them from source (about 25 minutes on two cores): give it room beyond the
     # suite-wide per-test timeout.
     for item in items:
-        if any(f in getattr(item, "fixturenames", ()) for f in CLUSTER_FIXTURES):
+        fixtures = getattr(item, "fixturenames", ())
+        if any(f in fixtures for f in CLUSTER_FIXTURES):
             item.add_marker(pytest.mark.cluster)
             item.add_marker(pytest.mark.timeout(3600))
+        # The rest by file: a module's fixtures (a module-scoped training, say) then run once.
+        group = next((g for fixture, g in XDIST_GROUPS if fixture in fixtures), item.nodeid.split("::")[0])
+        item.add_marker(pytest.mark.xdist_group(group))

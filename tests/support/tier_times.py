@@ -1,0 +1,47 @@
+"""A pytest plugin (pyproject.toml's addopts load it): at the end of a run, a line per tier with its tests
+and minutes, and the run's wall time, so that `make test` says where its time went.
+
+A tier is the folder under tests/ (unit, training, cluster, ...); a test's time is its setup, call
+and teardown, so a session fixture's first use (a cluster, an image build) counts in the tier of the
+test that paid for it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parents[1]
+
+
+class TierTimes:
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.tests: dict[str, set[str]] = defaultdict(set)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        tier = tier_of(report.nodeid)
+        self.seconds[tier] += report.duration
+        self.tests[tier].add(report.nodeid)
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if not self.seconds:
+            return
+        terminalreporter.section("time per tier")
+        for tier in sorted(self.seconds, key=lambda t: -self.seconds[t]):
+            terminalreporter.write_line(f"{tier:<12} {len(self.tests[tier]):>5} tests {self.seconds[tier] / 60:7.1f} min")
+        terminalreporter.write_line(f"{'(wall)':<12} {sum(map(len, self.tests.values())):>5} tests "
+                                    f"{(time.monotonic() - self.started) / 60:7.1f} min")
+
+
+def tier_of(nodeid: str) -> str:
+    parts = nodeid.split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" else parts[0]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(TierTimes(), "tier-times")
