@@ -19,19 +19,19 @@ from typing import Annotated, Any, Literal, Optional, Self
 from pydantic import (
     AfterValidator,
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     ModelWrapValidatorHandler,
     PrivateAttr,
     StringConstraints,
-    WithJsonSchema,
     field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
 
-from rosetta_contract.strict_model import NAME_MAX, PATH_MAX, IntOrString, JsonObject, Model, clip
+from rosetta_contract.labels import LabelKey, LabelValue
+from rosetta_contract.quantities import Quantity
+from rosetta_contract.strict_model import NAME_MAX, PATH_MAX, JsonObject, Model, clip
 
 Task = Literal["translation", "summarization"]
 DEFAULT_METRICS = {"translation": ["bleu", "chrf", "gender"], "summarization": ["rouge1", "rouge2", "rougeL"]}
@@ -636,17 +636,6 @@ class CheckpointSpec(Model):
         return self
 
 
-# A Kubernetes quantity (int-or-string): the same rule as the operator's spec.resources.
-_QUANTITY = r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
-PodQuantity = Annotated[
-    str, IntOrString(),
-    BeforeValidator(lambda v: str(v) if isinstance(v, int) and not isinstance(v, bool) else v),
-    Field(max_length=64, pattern=_QUANTITY),
-    WithJsonSchema({"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}],
-                    "pattern": _QUANTITY}),
-]
-
-
 class AfterTrainingSpec(Model):
     """Once the training succeeded, one more pod evaluates a checkpoint on the test sets, on CPU."""
 
@@ -655,8 +644,8 @@ class AfterTrainingSpec(Model):
         description="Which checkpoint: the newest, the best by validation score, or the averaged model "
                     "(needs checkpoint.average).",
     )
-    cpu: PodQuantity = Field("4", description="CPU request and limit of the evaluation pod, e.g. 8 or 3500m.")
-    memory: PodQuantity = Field("16Gi", description="Memory request and limit of the evaluation pod, e.g. 32Gi.")
+    cpu: Quantity = Field("4", description="CPU request and limit of the evaluation pod, e.g. 8 or 3500m.")
+    memory: Quantity = Field("16Gi", description="Memory request and limit of the evaluation pod, e.g. 32Gi.")
 
 
 class EvaluationSpec(Model):
@@ -900,6 +889,8 @@ class Metadata(BaseModel):
     model_config = ConfigDict(extra="allow")
     name: str = Field(..., min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     namespace: Optional[str] = Field(None, min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    # As the apiserver admits them: `rosetta validate` and `rosetta run` refuse what `kubectl apply` would.
+    labels: Optional[dict[LabelKey, LabelValue]] = None
 
 
 class TrainingDocument(BaseModel):

@@ -14,33 +14,26 @@ from typing import Annotated, Any, Literal, Optional, Self
 
 from pydantic import (
     AfterValidator,
-    BeforeValidator,
     Field,
-    StringConstraints,
     ValidationInfo,
-    WithJsonSchema,
     field_validator,
     model_validator,
 )
 
 from rosetta_contract import __version__, core_types
 from rosetta_contract.config import CheckpointSpec
+from rosetta_contract.labels import QUALIFIED_NAME, LabelKey, LabelValue
 from rosetta_contract.profiles import PROFILES, USER_OVERRIDABLE
-from rosetta_contract.strict_model import IntOrString, JsonObject, Model
+from rosetta_contract.quantities import Quantity
+from rosetta_contract.strict_model import JsonObject, Model
 
 DEFAULT_IMAGE = f"ghcr.io/rosetta-dev/rosetta-trainer:{__version__}"
 DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 MOUNT_PATH = r"^/.*[^/]$"
-# Label and taint keys: [DNS subdomain/]name; label values: at most 63, alphanumeric at both ends.
-QUALIFIED_NAME = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-                  r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 # An extended resource (a GPU) is always domain/name: nvidia.com/gpu, amd.com/gpu.
 EXTENDED_RESOURCE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
-# Kubernetes' quantity grammar without the sign: a negative request, limit or size is never meant.
-QUANTITY = r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 
 # Set by render.py (or by torchrun/deepspeed from what render.py sets); a user
 # value would silently desynchronise the ranks, so it is an error instead.
@@ -55,8 +48,12 @@ LAUNCHER_ENV_PREFIXES = ("ROSETTA_", "PET_", "TORCHELASTIC_")
 TRAINER_HOME = "/home/rosetta"
 RESERVED_VOLUMES = ("dshm", "config", "output", "tmp", "home")
 RESERVED_MOUNTS = ("/dev/shm", "/etc/rosetta", "/tmp", TRAINER_HOME)
+# The kernel's filesystems in every container (/dev/shm, ours, is reserved above).
+KERNEL_MOUNTS = ("/proc", "/sys", "/dev")
 # The trainer image's user (Dockerfile); pods run as it unless podSecurity says otherwise.
 TRAINER_UID = 10001
+# The largest UID/GID the apiserver admits (and an int32 field's largest value: TTLs).
+MAX_ID = MAX_INT32 = 2**31 - 1
 # Env names that hold credentials: their value must come from a Secret (valueFrom.secretKeyRef),
 # never be written into the spec, where the ConfigMap and the JobSet would copy it in clear.
 SECRET_ENV_NAME = r"(?i)^(AWS_ACCESS_KEY_ID|(.*_)?(TOKEN|PASSWORD|PASSWD|API_KEY|APIKEY)|(.*_)?SECRETS?(_.*)?)$"
@@ -77,16 +74,6 @@ def launcher_env_owner(name: str, profile: str = "generic") -> str | None:
     return None
 
 
-def _number_to_str(value: Any) -> Any:
-    # YAML reads `cpu: 8` as an int; Kubernetes quantities are int-or-string (not float: `cpu: 0.5`
-    # is refused by the apiserver, so here too).
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))  # 1e9: a whole number to the apiserver
-    return value
-
-
 def _matches(pattern: str, expected: str) -> AfterValidator:
     # pydantic's own message would print the regex; say what a valid value looks like instead.
     compiled = re.compile(pattern)
@@ -98,14 +85,6 @@ def _matches(pattern: str, expected: str) -> AfterValidator:
     return AfterValidator(check)
 
 
-Quantity = Annotated[
-    str,
-    IntOrString(),
-    BeforeValidator(_number_to_str),
-    _matches(QUANTITY, "a non-negative Kubernetes quantity (e.g. 8, 7500m, 64Gi)"),
-    WithJsonSchema({"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}],
-                    "pattern": QUANTITY}),
-]
 DnsLabel = Annotated[
     str,
     Field(min_length=1, max_length=63, json_schema_extra={"pattern": DNS1123_LABEL}),
@@ -140,6 +119,9 @@ def _image_reference(value: str) -> str:
         raise ValueError(f"'{value}' is not an image reference a registry accepts (repository names are lowercase)")
     if len(repository) > 255:
         raise ValueError("the repository name is longer than 255 characters")
+    port = re.match(r"^[^/\[]*(?:\[[^\]]*\])?:([0-9]+)/", value) if slash else None
+    if port and not 0 < int(port[1]) <= 65535:
+        raise ValueError(f"'{value}': the registry's port {port[1]} is not a TCP port (1-65535)")
     return value
 
 
@@ -302,6 +284,10 @@ class VolumeSpec(Model):
         normal = "/" + posixpath.normpath(value).lstrip("/")  # POSIX keeps a leading '//'
         if normal != value:
             raise ValueError(f"'{value}' is not a normalized path; write it as '{normal}'")
+        if value not in RESERVED_MOUNTS and any(is_under(value, kernel) for kernel in KERNEL_MOUNTS):
+            # The container runtime refuses to mount over procfs, sysfs or devices: the pod never starts.
+            raise ValueError(f"'{value}' is under {', '.join(KERNEL_MOUNTS)}, which the container runtime "
+                             "keeps for the kernel's own filesystems; mount the volume elsewhere (e.g. /data)")
         return value
 
     @field_validator("sub_path")
@@ -356,8 +342,7 @@ class Toleration(Model):
 
 
 class SchedulingSpec(Model):
-    node_selector: dict[Annotated[str, StringConstraints(min_length=1, max_length=317, pattern=QUALIFIED_NAME)],
-                        Annotated[str, StringConstraints(max_length=63, pattern=LABEL_VALUE)]] = Field(
+    node_selector: dict[LabelKey, LabelValue] = Field(
         default_factory=dict, description="Node labels the pods require (added to the profile's)."
     )
     tolerations: list[Toleration] = Field(
@@ -373,8 +358,8 @@ class SchedulingSpec(Model):
         description="Kueue LocalQueue; sets the kueue.x-k8s.io/queue-name label and creates the JobSet "
                     "suspended, for Kueue to start when it admits the whole gang.",
     )
-    exclusive_topology: Optional[str] = Field(
-        None, max_length=317,
+    exclusive_topology: Optional[LabelKey] = Field(
+        None,
         description=(
             "Node label key (e.g. cloud.google.com/gke-nodepool) of a topology domain that the whole gang gets "
             "to itself: JobSet places each Job in one domain, and ours is one Job of all the nodes."
@@ -445,13 +430,13 @@ class PodSecuritySpec(Model):
     """The trainer always runs as a non-root user; these choose which one."""
 
     run_as_user: Optional[int] = Field(
-        None, ge=0, description=f"UID of the trainer process (default {TRAINER_UID}, the image's user); not 0."
+        None, ge=0, le=MAX_ID, description=f"UID of the trainer process (default {TRAINER_UID}, the image's user); not 0."
     )
     run_as_group: Optional[int] = Field(
-        None, ge=0, description=f"Primary GID of the trainer process (default {TRAINER_UID})."
+        None, ge=0, le=MAX_ID, description=f"Primary GID of the trainer process (default {TRAINER_UID})."
     )
     fs_group: Optional[int] = Field(
-        None, ge=0, description=f"Group that owns mounted volumes (default {TRAINER_UID}; EFS access points)."
+        None, ge=0, le=MAX_ID, description=f"Group that owns mounted volumes (default {TRAINER_UID}; EFS access points)."
     )
     run_as_non_root: Optional[bool] = Field(
         None, description="Always true for trainer pods: the kubelet refuses to start a container as root."

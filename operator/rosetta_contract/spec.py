@@ -30,6 +30,7 @@ from rosetta_contract.pod_fields import (
     HOSTNAME_LABEL,
     LAUNCHER_ENV,
     LAUNCHER_ENV_PREFIXES,
+    MAX_INT32,
     MAX_NAME_LENGTH,
     RESERVED_MOUNTS,
     RESERVED_VOLUMES,
@@ -100,7 +101,7 @@ class TranslationTrainingSpec(TrainerSpec):
         default_factory=FailurePolicySpec, description="Whole-gang restarts after a failure."
     )
     ttl_seconds_after_finished: Optional[int] = Field(
-        None, ge=0, description="Delete the JobSet (not the TranslationTraining) this long after it finishes."
+        None, ge=0, le=MAX_INT32, description="Delete the JobSet (not the TranslationTraining) this long after it finishes."
     )
     service_account_name: Optional[str] = Field(
         None, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
@@ -257,6 +258,15 @@ class TranslationTrainingSpec(TrainerSpec):
                              "the stage job writes there")
 
     @model_validator(mode="after")
+    def _ports_differ(self) -> Self:
+        if self.metrics.port == self.network.master_port:
+            # Both listen on rank 0's pod: whichever binds second fails at start, on every restart.
+            raise ValueError(f"metrics.port: {self.metrics.port} is network.masterPort, the rendezvous port on "
+                             "rank 0's pod; choose another port for one of them (metrics default 9400, "
+                             "rendezvous 29500)")
+        return self
+
+    @model_validator(mode="after")
     def _device_matches_gpus(self) -> Self:
         if self.training.device == "cuda" and self.gpus_per_node == 0:
             raise ValueError("training.device is cuda but gpusPerNode is 0")
@@ -343,16 +353,19 @@ def _errors(exc: ValidationError, prefix: str = "") -> list[tuple[str, str]]:
             sibling = next((s for s in _SIBLINGS.get(name, ()) if line.startswith(s + ": ")), None)
             if m and path.endswith("." + m["field"]):
                 out.append((path + m["item"], m["message"]))
-            elif sibling and parent:
-                out.append((f"{parent}.{sibling}", line[len(sibling) + 2:]))
+            elif sibling and (parent or name == "spec"):
+                # The spec's own model validators report at "spec"; a field's, beside that field.
+                base = path if name == "spec" else parent
+                out.append((f"{base}.{sibling}", line[len(sibling) + 2:]))
             else:
                 out.append((path, line))
     return out
 
 
 _ITEM_MESSAGE = re.compile(r"^(?P<field>\w+)(?P<item>\[\d+\](\.\w+)*): (?P<message>.*)$")
-# spec field -> the other fields its validator may report on (the volumes rule reads checkpoint.dir).
-_SIBLINGS = {"volumes": ("checkpoint.dir",)}
+# spec field -> the other fields its validator may report on (the volumes rule reads checkpoint.dir);
+# "spec": the fields the spec's model validators name.
+_SIBLINGS = {"volumes": ("checkpoint.dir",), "spec": ("metrics.port",)}
 
 
 def parse_training(raw: Any, source: str | None = None, allow_host_path: bool = False) -> TranslationTraining:

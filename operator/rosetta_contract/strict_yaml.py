@@ -8,7 +8,8 @@ PyYAML's safe loader alone accepts what a spec must not:
     size         a file over MAX_BYTES (1 MiB) is refused before it is parsed; reading stops there
                  (so `-f /dev/zero` ends too)
     encoding     bytes that are not UTF-8: the line and the byte's offset in the file
-    duplicates   a mapping key given twice (PyYAML silently keeps the last): the key and both lines
+    duplicates   a mapping key given twice (PyYAML silently keeps the last), also in two spellings
+                 YAML 1.1 reads alike (`on` and `yes` are both true): the key and both lines
     aliases      aliases may add at most MAX_ALIAS_NODES nodes in all ("billion laughs": nine nested
                  anchors expand to 10^9 nodes from a few hundred bytes), and may not point into the
                  collection that holds them (a recursive structure)
@@ -149,10 +150,13 @@ def check(text: str) -> None:
         keys = parent[2]
         if keys is None or parent[3] % 2 == 0 or not isinstance(event, ScalarEvent) or event.value == "<<":
             return
-        first = keys.setdefault(event.value, event.start_mark)
+        key = _key_identity(parser, event)
+        first, spelled = keys.setdefault(key, (event.start_mark, event.value))
         if first is not event.start_mark:
+            same = "" if spelled == event.value else \
+                f" as {_shown(spelled)}; YAML 1.1 reads both as {key[1]}, so one would silently replace the other"
             raise YamlError(f"{_at(event.start_mark)}: duplicate key {_shown(event.value)} "
-                            f"(first at line {first.line + 1})")
+                            f"(first at line {first.line + 1}{same})")
 
     def done(anchor: str | None, size: int) -> None:
         if anchor is not None:
@@ -196,6 +200,21 @@ def check(text: str) -> None:
         raise YamlError(_describe(exc, text)) from None
     finally:
         parser.dispose()
+
+
+_BOOL_TAG, _NULL_TAG = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:null"
+
+
+def _key_identity(parser: Any, event: Any) -> tuple[str, str]:
+    """What a mapping key becomes once loaded: plain `on`, `yes` and `true` are one key (true), as
+    are `~` and `null`. Keys compared by their text alone would let them replace each other."""
+    if event.implicit[0] and event.tag is None:  # a plain scalar: its tag comes from its text
+        tag = parser.resolve(yaml.ScalarNode, event.value, (True, False))
+        if tag == _BOOL_TAG:
+            return ("bool", "true" if event.value.lower() in ("yes", "true", "on", "y") else "false")
+        if tag == _NULL_TAG:
+            return ("null", "null")
+    return ("text", event.value)
 
 
 def _json_tag(event: Any) -> None:
