@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+import urllib.parse
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Self
@@ -70,7 +71,33 @@ def _bucket_problem(value: str) -> Optional[str]:
     return None
 
 
-def _http_url(value: Optional[str]) -> Optional[str]:
+# Query parameters that carry a credential (?token=..., ?password=..., ?X-Amz-Signature=...).
+_SECRET_QUERY = re.compile(r"(?i)(^|[-_.])(token|password|passwd|secret|api[-_.]?key|apikey|signature|sig|"
+                           r"access[-_.]?key|credentials?)$")
+
+
+def _no_credentials(value: Optional[str], secret: str) -> Optional[str]:
+    """Refuse a URL that carries a credential: it would be copied in clear into the ConfigMap, the
+    applied-spec annotation, every checkpoint's training.yaml and the tracking run's config.
+    The message never repeats the URL (it holds the credential)."""
+    if value is None:
+        return value
+    try:
+        parts = urllib.parse.urlsplit(value)
+        names = [name for name, _ in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)]
+    except ValueError:
+        return value  # not a URL at all: the field's own check says so
+    if "@" in parts.netloc:
+        raise ValueError(f"the URL has a user name or password before '@' (not repeated here); remove them and "
+                         f"give the credential through {secret}, from a Secret")
+    if any(_SECRET_QUERY.search(name) for name in names):
+        raise ValueError(f"the URL's query carries a credential (not repeated here); remove it and give the "
+                         f"credential through {secret}, from a Secret")
+    return value
+
+
+def _http_url(value: Optional[str], secret: str = "credentialsSecret") -> Optional[str]:
+    _no_credentials(value, secret)
     if value is not None and not value.startswith(("http://", "https://")):
         raise ValueError(f"'{value}' must be an http:// or https:// URL")
     return value
@@ -751,12 +778,7 @@ class WandbSpec(Model):
         None, description="Secret key holding the W&B API key, set as WANDB_API_KEY on the pods."
     )
 
-    @field_validator("base_url")
-    @classmethod
-    def _http_url(cls, value: Optional[str]) -> Optional[str]:
-        if value is not None and not value.startswith(("http://", "https://")):
-            raise ValueError(f"'{value}' must be an http:// or https:// URL")
-        return value
+    _base_url = field_validator("base_url")(classmethod(lambda cls, value: _http_url(value, "apiKeySecret")))
 
 
 class MlflowSpec(Model):
@@ -779,6 +801,7 @@ class MlflowSpec(Model):
     @field_validator("tracking_uri")
     @classmethod
     def _uri(cls, value: Optional[str]) -> Optional[str]:
+        _no_credentials(value, "tokenSecret")
         if value is not None and not value.startswith(("http://", "https://", "file:", "databricks")):
             raise ValueError(f"'{value}' must be an http(s):// URL, a file: URI or databricks")
         return value

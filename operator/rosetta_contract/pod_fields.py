@@ -56,7 +56,9 @@ TRAINER_UID = 10001
 MAX_ID = MAX_INT32 = 2**31 - 1
 # Env names that hold credentials: their value must come from a Secret (valueFrom.secretKeyRef),
 # never be written into the spec, where the ConfigMap and the JobSet would copy it in clear.
-SECRET_ENV_NAME = r"(?i)^(AWS_ACCESS_KEY_ID|(.*_)?(TOKEN|PASSWORD|PASSWD|API_KEY|APIKEY)|(.*_)?SECRETS?(_.*)?)$"
+# Words may be joined by '_', '-' or '.' (HF-TOKEN, db.password), as env names allow.
+SECRET_ENV_NAME = (r"(?i)^(AWS_ACCESS_KEY_ID|(.*[-_.])?(TOKEN|PASSWORD|PASSWD|API[-_.]?KEY|PRIVATE[-_.]?KEY|"
+                   r"CREDENTIALS?)|(.*[-_.])?SECRETS?([-_.].*)?)$")
 # JobSet names each pod <name>-node-<job>-<index>-<5 random characters>, a DNS-1035 label of at
 # most 63 characters; with one node and job 0 that leaves 63 - len("-node-0-0-abcde") = 48.
 MAX_NAME_LENGTH = 48

@@ -32,12 +32,16 @@ from rosetta_contract.exits import TERMINATION_LOG_ENV
 CASES = all_cases()
 SECRET_VAR = "ROSETTA_PLANTED_SECRET"
 SECRET = f"s3cr3t-{uuid.uuid4().hex}"
+LITERAL_SECRET = "s3cr3t-literal"  # how the corpus spells the credentials it writes in clear
 ROSETTA = Path(sys.executable).with_name("rosetta")
 
 
 def check(case, code, out: str, err: str, termination: str) -> None:
     for where, text in (("stdout", out), ("stderr", err), ("the termination message", termination)):
         assert SECRET not in text, f"{case.id}: the planted secret is in {where}"
+        # A credential written into the document itself (an env value, a URL's password) is not
+        # repeated by its refusal either.
+        assert LITERAL_SECRET not in text, f"{case.id}: the document's literal credential is in {where}"
     if case.valid:
         assert code == 0 and out.startswith("ok: "), f"{case.id}: refused with {code}:\n{err}"
         assert "Traceback" not in err
