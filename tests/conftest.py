@@ -19,6 +19,7 @@ import os
 from typing import Iterator, Optional
 
 import pytest
+from packaging.version import Version
 
 from control_plane import ControlPlaneError
 from controllers import install_crds
@@ -161,6 +162,14 @@ XDIST_GROUPS = (
     ("node_cluster", "node"), ("images", "node"), ("test_base", "node"), ("docker_engine", "node"),
     ("local_registry", "node"), ("live_cluster", "live"), ("cluster", "apiserver"),
 )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # xdist groups by a suffix it writes into each node id, which pytest 9.2 no longer lets it write
+    # (pytest-dev/pytest-xdist#1386): every worker would then start its own clusters, silently.
+    if config.getoption("dist", "no") == "loadgroup" and Version(pytest.__version__) >= Version("9.2"):
+        raise pytest.UsageError(f"--dist loadgroup does not group tests under pytest {pytest.__version__} "
+                                "(pytest-dev/pytest-xdist#1386); install the pyproject.toml pin (pytest<9.2)")
 
 
 # tryfirst: xdist's worker reads the xdist_group marks in its own pytest_collection_modifyitems.

@@ -654,6 +654,16 @@ class CheckpointSpec(Model):
         ),
     )
 
+    @field_validator("dir")
+    @classmethod
+    def _dir_stays_put(cls, value: Optional[str]) -> Optional[str]:
+        # The newest checkpoint under the directory is resumed from and the older ones pruned: a
+        # '..' would reach (resume from, then delete) another training's checkpoints.
+        if value is not None and ".." in value.split("/"):
+            raise ValueError(f"'{value}' has a '..' component; a relative path stays under the training's output, "
+                             "an absolute one names the directory itself")
+        return value
+
     @model_validator(mode="after")
     def _average_needs_kept_checkpoints(self) -> Self:
         if self.average is not None and self.average.count > self.keep:

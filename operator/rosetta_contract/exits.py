@@ -27,6 +27,7 @@ ERROR_EXITS: tuple[tuple[str, str, int], ...] = (
     ("rosetta_operator.policy", "PolicyError", CONFIG_EXIT),  # an admin policy file that cannot be used
     ("rosetta_trainer.data", "DataError", DATA_INVALID_EXIT),
     ("rosetta_trainer.checkpoint", "SharedStorageError", CONFIG_EXIT),  # where the job runs
+    ("rosetta_trainer.checkpoint", "UnsafeCheckpointError", CONFIG_EXIT),  # a checkpoint that would run code
     ("rosetta_trainer.averaging", "AveragingError", CONFIG_EXIT),  # what the checkpoints are
     ("rosetta_trainer.export", "ExportError", CONFIG_EXIT),
     ("rosetta_trainer.loop", "NonFiniteError", NON_FINITE_EXIT),

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import re
 import secrets
@@ -245,9 +246,31 @@ class CheckpointManager:
                 shutil.rmtree(path, ignore_errors=True)
 
 
+class UnsafeCheckpointError(RuntimeError):
+    """A checkpoint file that asks to run code when loaded: refused, never unpickled."""
+
+
+# Besides tensors and Python's plain types, a checkpoint's pickles hold one kind of object: the
+# uint32 array of numpy's RNG state. These rebuild arrays and nothing else.
+NUMPY_ARRAY_GLOBALS = [np.ndarray, np.dtype, np._core.multiarray._reconstruct, type(np.dtype(np.uint32))]
+
+
+def load_state_file(path: Path, map_location=None):
+    """torch.load that runs no code from the file (weights_only, numpy arrays allowed): whoever can
+    write the shared claim or the S3 prefix must not run code in every training pod. A pickle that
+    asks for anything else is refused with UnsafeCheckpointError, naming the file."""
+    with torch.serialization.safe_globals(NUMPY_ARRAY_GLOBALS):
+        try:
+            return torch.load(path, map_location=map_location, weights_only=True)
+        except pickle.UnpicklingError as exc:
+            asked = re.search(r"(?i)unsupported global[^\n]*|got <[^>]*>", str(exc))
+            what = asked.group()[:300] if asked else type(exc).__name__
+            raise UnsafeCheckpointError(f"{path} holds objects a checkpoint never has (refused, not run): {what}") from None
+
+
 def load_trainer_state(path: Path, world: World) -> tuple[dict, dict | None]:
     """(trainer state, this rank's RNG state or None when the world size changed)."""
-    state = torch.load(path / "trainer_state.pt", map_location=world.device, weights_only=False)
+    state = load_state_file(path / "trainer_state.pt", map_location=world.device)
     rng_file = path / "rng" / f"rank-{world.rank}.pt"
-    rng = torch.load(rng_file, weights_only=False) if rng_file.exists() else None
+    rng = load_state_file(rng_file) if rng_file.exists() else None
     return state, rng
