@@ -11,6 +11,7 @@ from pathlib import Path
 
 from workloads import condition, in_namespace, jobset, provision, running_pods, status, training_doc
 
+from rosetta_operator.status import Reason
 from support.cluster import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,12 +48,17 @@ def uids(pods) -> set[str]:
 
 def test_all_pods_succeed_then_training_succeeds(live_cluster, live_namespace, live_operator):
     pods = start(live_cluster, live_namespace, "ok")
+    running = status(live_cluster, live_namespace, "ok")
+    assert running["startTime"] and "completionTime" not in running
+    assert condition(live_cluster, live_namespace, "ok", "Running")["reason"] == Reason.ALL_JOBS_READY
     for pod in pods:
         live_cluster.end_pod(live_namespace, pod.metadata.name, 0)
     got = wait_for(lambda: (s := status(live_cluster, live_namespace, "ok")).get("phase") == "Succeeded" and s,
                    "training Succeeded", WAIT)
     assert got.get("restarts", 0) == 0
+    assert got["completionTime"] >= got["startTime"]
     assert condition(live_cluster, live_namespace, "ok", "Succeeded")["status"] == "True"
+    assert condition(live_cluster, live_namespace, "ok", "Running")["status"] == "False"
 
 
 def test_failed_pod_restarts_the_gang_until_max_restarts(live_cluster, live_namespace, live_operator):
@@ -70,7 +76,8 @@ def test_failed_pod_restarts_the_gang_until_max_restarts(live_cluster, live_name
     got = wait_for(lambda: (s := status(live_cluster, live_namespace, "crash")).get("phase") == "Failed" and s,
                    "training Failed", WAIT)
     failed = condition(live_cluster, live_namespace, "crash", "Failed")
-    assert failed["status"] == "True"
+    assert (failed["status"], failed["reason"]) == ("True", Reason.JOBSET_FAILED)
+    assert got["completionTime"]
     assert "ReachedMaxRestarts" in got["message"] or "ReachedMaxRestarts" in failed["message"], got
 
 

@@ -216,38 +216,6 @@ def test_immutable_change_is_refused(cluster, namespace, operator):
         js_after["metadata"]["resourceVersion"]
 
 
-def test_jobset_status_drives_phase(cluster, namespace, operator):
-    create(cluster, namespace, training("ok"))
-    create(cluster, namespace, training("bad"))
-    created(cluster, namespace, "ok")
-    created(cluster, namespace, "bad")
-
-    play_jobset(cluster, namespace, "ok", ready=1, active=1)
-    st = wait_phase(cluster, namespace, "ok", Phase.RUNNING)
-    assert st["startTime"]
-    assert cond(st, ConditionType.RUNNING)["reason"] == Reason.ALL_JOBS_READY
-
-    play_jobset(cluster, namespace, "ok", ready=0, active=1, restarts=1)
-    st = wait_phase(cluster, namespace, "ok", Phase.RESTARTING)
-    assert st["restarts"] == 1
-    play_jobset(cluster, namespace, "ok", ready=1, active=1, restarts=1)
-    wait_phase(cluster, namespace, "ok", Phase.RUNNING)
-
-    play_jobset(cluster, namespace, "ok", restarts=1,
-                conditions=[("Completed", "AllJobsCompleted", "jobset completed successfully")])
-    st = wait_phase(cluster, namespace, "ok", Phase.SUCCEEDED)
-    assert st["completionTime"]
-    assert cond(st, ConditionType.SUCCEEDED)["status"] == "True"
-    assert cond(st, ConditionType.RUNNING)["status"] == "False"
-
-    play_jobset(cluster, namespace, "bad", ready=0, active=0, restarts=3,
-                conditions=[("Failed", "ReachedMaxRestarts", "jobset failed due to reaching max number of restarts")])
-    st = wait_phase(cluster, namespace, "bad", Phase.FAILED)
-    assert st["completionTime"]
-    assert cond(st, ConditionType.FAILED)["reason"] == Reason.JOBSET_FAILED
-    assert "ReachedMaxRestarts" in st["message"]
-
-
 def events_for(cluster: Cluster, ns: str, name: str, reason: str) -> list:
     events = cluster.core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
     return [e for e in events if e.reason == reason and e.involved_object.kind == "TranslationTraining"]
@@ -283,19 +251,6 @@ def test_invalid_spec_fails_with_condition_and_event(cluster, namespace, operato
     create(cluster, namespace, training("fine"))
     assert created(cluster, namespace, "fine")["phase"] == Phase.PENDING
     assert [j["metadata"]["name"] for j in jobsets(cluster, namespace)] == ["fine"]
-
-
-def test_deletion_garbage_collects_children(cluster, namespace, operator):
-    create(cluster, namespace, training("mt"))
-    created(cluster, namespace, "mt")
-    cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "mt")
-
-    def gone():
-        cms = [c.metadata.name for c in cluster.core.list_namespaced_config_map(namespace).items
-               if c.metadata.name == "mt-config"]
-        return not jobsets(cluster, namespace) and not cms
-    # The garbage collector's first sync after startup can take a while; later ones are quick.
-    wait_for(gone, "the JobSet and ConfigMap to be garbage-collected", timeout=90)
 
 
 def test_kubectl_printer_columns(cluster, namespace, operator):
