@@ -11,6 +11,7 @@ from rosetta_trainer.batching import (
     plan_epoch,
     rank_batches,
 )
+from support.plan_reference import reference_plan
 
 
 @pytest.fixture
@@ -44,6 +45,23 @@ def test_bucketing_wastes_far_less_padding_than_random_batches(lengths):
     unbucketed = sum(padded_cost(b, src, tgt) for b in random_batches)
     assert bucketed / real < 1.1
     assert unbucketed / real > 1.5
+
+
+@pytest.mark.parametrize("budget", [{"max_tokens": 64}, {"max_tokens": 1000}, {"max_tokens": 25_000},
+                                    {"max_sentences": 1}, {"max_sentences": 32}])
+@pytest.mark.parametrize("shapes", [BatchShapes(), BatchShapes(multiple=8), BatchShapes(buckets=(16, 48, 128))])
+def test_the_vectorised_plan_is_the_per_example_plan(budget, shapes):
+    # Long-tailed lengths: some batches are far longer than the packer's first window, some one sentence.
+    rng = np.random.default_rng(7)
+    src = np.minimum(rng.geometric(0.04, size=5000), 120)
+    tgt = np.maximum(1, src + rng.integers(-5, 6, size=5000))
+    for seed, epoch, world in ((1, 0, 1), (3, 2, 4)):
+        expected = reference_plan(src, tgt, seed=seed, epoch=epoch, world_size=world, shapes=shapes, **budget)
+        assert plan_epoch(src, tgt, seed=seed, epoch=epoch, world_size=world, shapes=shapes, **budget) == expected
+
+
+def test_an_empty_corpus_plans_no_batches():
+    assert plan_epoch(np.zeros(0, int), np.zeros(0, int), seed=1, epoch=0, max_tokens=100) == []
 
 
 def test_plan_is_deterministic_per_seed_and_epoch(lengths):

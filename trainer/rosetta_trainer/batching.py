@@ -117,33 +117,58 @@ def plan_epoch(
     n = len(src_lengths)
     rng = np.random.default_rng([seed, epoch])
     noise = rng.permutation(n)
-    order = np.lexsort((noise, np.minimum(src_lengths, tgt_lengths), np.maximum(src_lengths, tgt_lengths)))
+    order = _length_order(np.asarray(src_lengths), np.asarray(tgt_lengths), noise)
 
-    batches: list[list[int]] = []
-    current: list[int] = []
-    longest_src = longest_tgt = 0
-    # Plain ints in sorted order: indexing numpy arrays one element at a time costs several times
-    # more, which at tens of millions of pairs is seconds of every epoch's start. Padding is monotone,
-    # so the padded running maximum is the running maximum of the padded lengths.
-    sorted_src = shapes.length(np.asarray(src_lengths)[order]).tolist()
-    sorted_tgt = shapes.length(np.asarray(tgt_lengths)[order]).tolist()
-    for i, s, t in zip(order.tolist(), sorted_src, sorted_tgt):
-        if max_tokens is not None:
-            cost = (len(current) + 1) * (max(longest_src, s) + max(longest_tgt, t))
-            full = bool(current) and cost > max_tokens
-        else:
-            full = len(current) >= max_sentences
-        if full:
-            batches.append(current)
-            current, longest_src, longest_tgt = [], 0, 0
-        current.append(i)
-        longest_src, longest_tgt = max(longest_src, s), max(longest_tgt, t)
-    if current:
-        batches.append(current)
+    if max_tokens is not None:
+        # Padding is monotone, so the padded running maximum is the running maximum of the padded lengths.
+        starts = _token_batch_starts(shapes.length(np.asarray(src_lengths)[order]),
+                                     shapes.length(np.asarray(tgt_lengths)[order]), max_tokens)
+    else:
+        starts = list(range(0, n, max_sentences))
+    # Plain ints: the loader and the tests take lists; slicing one list is cheaper than a list per array.
+    flat = order.tolist()
+    batches = [flat[a:b] for a, b in zip(starts, starts[1:] + [n])]
 
     shuffled = [batches[j] for j in rng.permutation(len(batches))]
     usable = len(shuffled) - len(shuffled) % world_size
     return shuffled[:usable]
+
+
+def _length_order(src: np.ndarray, tgt: np.ndarray, noise: np.ndarray) -> np.ndarray:
+    """Indices sorted by longer side, then shorter side, then `noise` (a permutation, so no ties):
+    np.lexsort's order, from one sort of a combined int64 key (three times faster at millions)."""
+    longer, shorter = np.maximum(src, tgt).astype(np.int64), np.minimum(src, tgt).astype(np.int64)
+    n = len(noise)
+    span = int(longer.max(initial=0)) + 1
+    if span * span * max(n, 1) >= 2**62:  # no room in an int64: the three-key sort
+        return np.lexsort((noise, shorter, longer))
+    return np.argsort((longer * span + shorter) * n + noise)
+
+
+def _token_batch_starts(src: np.ndarray, tgt: np.ndarray, max_tokens: int) -> list[int]:
+    """Where each batch starts when examples, in this order, are packed greedily: a batch takes the
+    next example while (its sentences + 1) × (longest source + longest target, the new one included)
+    stays within max_tokens; its first example always fits.
+
+    The packing is sequential, but each batch is found with a few numpy passes over a window of the
+    examples after its start (running maxima, costs, the first one over the budget), not a Python
+    step per example: an epoch's plan at tens of millions of pairs takes a second or two, not tens."""
+    src, tgt = np.asarray(src, dtype=np.int64), np.asarray(tgt, dtype=np.int64)
+    n, starts, begin, window = len(src), [], 0, 64
+    while begin < n:
+        while True:
+            end = min(n, begin + window)
+            cost = np.arange(1, end - begin + 1) * (np.maximum.accumulate(src[begin:end])
+                                                   + np.maximum.accumulate(tgt[begin:end]))
+            over = np.flatnonzero(cost[1:] > max_tokens)
+            if over.size or end == n:
+                break
+            window *= 2  # the batch is longer than the window: look further
+        size = int(over[0]) + 1 if over.size else end - begin
+        starts.append(begin)
+        begin += size
+        window = max(64, 2 * size)  # sorted by length, the next batch is about as long
+    return starts
 
 
 def rank_batches(plan: list[list[int]], rank: int, world_size: int) -> list[list[int]]:
