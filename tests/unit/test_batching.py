@@ -50,10 +50,11 @@ def test_bucketing_wastes_far_less_padding_than_random_batches(lengths):
 @pytest.mark.parametrize("budget", [{"max_tokens": 64}, {"max_tokens": 1000}, {"max_tokens": 25_000},
                                     {"max_sentences": 1}, {"max_sentences": 32}])
 @pytest.mark.parametrize("shapes", [BatchShapes(), BatchShapes(multiple=8), BatchShapes(buckets=(16, 48, 128))])
-def test_the_vectorised_plan_is_the_per_example_plan(budget, shapes):
+@pytest.mark.parametrize("longest", [120, 400])  # the 16-bit sort key, and the wide one
+def test_the_vectorised_plan_is_the_per_example_plan(budget, shapes, longest):
     # Long-tailed lengths: some batches are far longer than the packer's first window, some one sentence.
     rng = np.random.default_rng(7)
-    src = np.minimum(rng.geometric(0.04, size=5000), 120)
+    src = np.minimum(rng.geometric(0.04 * 120 / longest, size=5000), longest)
     tgt = np.maximum(1, src + rng.integers(-5, 6, size=5000))
     for seed, epoch, world in ((1, 0, 1), (3, 2, 4)):
         expected = reference_plan(src, tgt, seed=seed, epoch=epoch, world_size=world, shapes=shapes, **budget)

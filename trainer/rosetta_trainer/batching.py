@@ -135,14 +135,18 @@ def plan_epoch(
 
 
 def _length_order(src: np.ndarray, tgt: np.ndarray, noise: np.ndarray) -> np.ndarray:
-    """Indices sorted by longer side, then shorter side, then `noise` (a permutation, so no ties):
-    np.lexsort's order, from one sort of a combined int64 key (three times faster at millions)."""
+    """Indices sorted by longer side, then shorter side, then `noise` (a permutation): np.lexsort's
+    order, from one stable sort of a small length key over the indices taken in noise order (ties
+    keep that order). Lengths up to 255 make the key 16 bits, which numpy sorts by radix: a few
+    times faster than the three-key sort at millions of pairs."""
     longer, shorter = np.maximum(src, tgt).astype(np.int64), np.minimum(src, tgt).astype(np.int64)
-    n = len(noise)
     span = int(longer.max(initial=0)) + 1
-    if span * span * max(n, 1) >= 2**62:  # no room in an int64: the three-key sort
-        return np.lexsort((noise, shorter, longer))
-    return np.argsort((longer * span + shorter) * n + noise)
+    by_noise = np.empty(len(noise), dtype=np.int64)
+    by_noise[noise] = np.arange(len(noise))
+    key = (longer * span + shorter)[by_noise]
+    if span * span <= 1 << 16:
+        key = key.astype(np.uint16)
+    return by_noise[np.argsort(key, kind="stable")]
 
 
 def _token_batch_starts(src: np.ndarray, tgt: np.ndarray, max_tokens: int) -> list[int]:
