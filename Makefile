@@ -22,14 +22,15 @@ $(STAMP): pyproject.toml Makefile $(CONSTRAINTS)
 demo: install
 	$(VENV)/bin/rosetta run -f examples/quickstart.yaml --output runs/quickstart
 
-# Two workers: the cluster tier (one group, tests/conftest.py) mostly waits on controllers and
-# containers while the other worker runs the rest. The slowest tests and a line per tier
-# (tests/support/tier_times.py) end the report: where the time went.
+# Two workers: the tests that share a cluster, the real node or the integration control plane run
+# as one group each (tests/conftest.py) and mostly wait on controllers and containers while the
+# other worker runs the rest. The slowest tests and a line per tier (tests/support/tier_times.py)
+# end the report: where the time went (docs/testing.md).
 test: install
 	$(PY) -m pytest -n 2 --dist loadgroup --durations=25
 
 test-fast: install
-	$(PY) -m pytest -m "not slow and not cluster"
+	$(PY) -m pytest -n 2 --dist loadgroup -m "not slow and not cluster"
 
 # Style and import order (ruff), and the layers: the contract imports neither side, and the trainer and
 # the operator do not import each other (import-linter; docs/architecture.md).
