@@ -6,21 +6,18 @@ at both ends. Torch-free.
 
 from __future__ import annotations
 
-import re
 from typing import Annotated
 
 from pydantic import AfterValidator, Field
+
+from rosetta_contract.strict_model import matches
 
 QUALIFIED_NAME = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
                   r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 
 
-def _label_key(key: str) -> str:
-    # pydantic's own message would print the regex; say what a key looks like instead.
-    if not re.match(QUALIFIED_NAME, key):
-        raise ValueError(f"'{key}' is not a label key ([prefix/]name, e.g. cloud.google.com/gke-nodepool: "
-                         "letters, digits, '-', '_' and '.', alphanumeric at both ends)")
+def _parts_fit(key: str) -> str:
     prefix, _, name = key.rpartition("/")
     if len(name) > 63:
         raise ValueError(f"'{key}': the name after the prefix has {len(name)} characters; at most 63")
@@ -29,14 +26,9 @@ def _label_key(key: str) -> str:
     return key
 
 
-def _label_value(value: str) -> str:
-    if not re.match(LABEL_VALUE, value):
-        raise ValueError(f"'{value}' is not a label value (letters, digits, '-', '_' and '.', alphanumeric at "
-                         "both ends)")
-    return value
-
-
 LabelKey = Annotated[str, Field(min_length=1, max_length=317, json_schema_extra={"pattern": QUALIFIED_NAME}),
-                     AfterValidator(_label_key)]
+                     matches(QUALIFIED_NAME, "a label key ([prefix/]name, e.g. cloud.google.com/gke-nodepool: "
+                                             "letters, digits, '-', '_' and '.', alphanumeric at both ends)"),
+                     AfterValidator(_parts_fit)]
 LabelValue = Annotated[str, Field(max_length=63, json_schema_extra={"pattern": LABEL_VALUE}),
-                       AfterValidator(_label_value)]
+                       matches(LABEL_VALUE, "a label value (letters, digits, '-', '_' and '.', alphanumeric at both ends)")]

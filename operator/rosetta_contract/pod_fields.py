@@ -25,7 +25,7 @@ from rosetta_contract.config import CheckpointSpec
 from rosetta_contract.labels import QUALIFIED_NAME, LabelKey, LabelValue
 from rosetta_contract.profiles import PROFILES, USER_OVERRIDABLE
 from rosetta_contract.quantities import Quantity
-from rosetta_contract.strict_model import JsonObject, Model
+from rosetta_contract.strict_model import JsonObject, Model, matches
 
 DEFAULT_IMAGE = f"ghcr.io/rosetta-dev/rosetta-trainer:{__version__}"
 DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -52,8 +52,8 @@ RESERVED_MOUNTS = ("/dev/shm", "/etc/rosetta", "/tmp", TRAINER_HOME)
 KERNEL_MOUNTS = ("/proc", "/sys", "/dev")
 # The trainer image's user (Dockerfile); pods run as it unless podSecurity says otherwise.
 TRAINER_UID = 10001
-# The largest UID/GID the apiserver admits (and an int32 field's largest value: TTLs).
-MAX_ID = MAX_INT32 = 2**31 - 1
+# An int32 field's largest value; also the largest UID/GID the apiserver admits.
+MAX_INT32 = 2**31 - 1
 # Env names that hold credentials: their value must come from a Secret (valueFrom.secretKeyRef),
 # never be written into the spec, where the ConfigMap and the JobSet would copy it in clear.
 # Words may be joined by '_', '-' or '.' (HF-TOKEN, db.password), as env names allow.
@@ -76,27 +76,16 @@ def launcher_env_owner(name: str, profile: str = "generic") -> str | None:
     return None
 
 
-def _matches(pattern: str, expected: str) -> AfterValidator:
-    # pydantic's own message would print the regex; say what a valid value looks like instead.
-    compiled = re.compile(pattern)
-
-    def check(value: str) -> str:
-        if not compiled.match(value):
-            raise ValueError(f"'{value}' is not {expected}")
-        return value
-    return AfterValidator(check)
-
-
 DnsLabel = Annotated[
     str,
     Field(min_length=1, max_length=63, json_schema_extra={"pattern": DNS1123_LABEL}),
-    _matches(DNS1123_LABEL, "a DNS-1123 label (lowercase letters, digits and '-', alphanumeric at both ends)"),
+    matches(DNS1123_LABEL, "a DNS-1123 label (lowercase letters, digits and '-', alphanumeric at both ends)"),
 ]
 # Secrets, ConfigMaps and PVCs may have dotted names (volumes and containers may not).
 ObjectName = Annotated[
     str,
     Field(min_length=1, max_length=253, json_schema_extra={"pattern": DNS1123_SUBDOMAIN}),
-    _matches(DNS1123_SUBDOMAIN, "a valid object name (lowercase letters, digits, '-' and '.')"),
+    matches(DNS1123_SUBDOMAIN, "a valid object name (lowercase letters, digits, '-' and '.')"),
 ]
 
 
@@ -195,7 +184,7 @@ def is_secret_env(name: str) -> bool:
 
 
 class EnvVar(Model):
-    name: Annotated[str, _matches(ENV_NAME, "a valid environment variable name (letters, digits, '_', '-', '.')")] = Field(
+    name: Annotated[str, matches(ENV_NAME, "a valid environment variable name (letters, digits, '_', '-', '.')")] = Field(
         ..., min_length=1, max_length=128, json_schema_extra={"pattern": ENV_NAME}, description="Variable name."
     )
     value: Optional[str] = Field(
@@ -432,13 +421,13 @@ class PodSecuritySpec(Model):
     """The trainer always runs as a non-root user; these choose which one."""
 
     run_as_user: Optional[int] = Field(
-        None, ge=0, le=MAX_ID, description=f"UID of the trainer process (default {TRAINER_UID}, the image's user); not 0."
+        None, ge=0, le=MAX_INT32, description=f"UID of the trainer process (default {TRAINER_UID}, the image's user); not 0."
     )
     run_as_group: Optional[int] = Field(
-        None, ge=0, le=MAX_ID, description=f"Primary GID of the trainer process (default {TRAINER_UID})."
+        None, ge=0, le=MAX_INT32, description=f"Primary GID of the trainer process (default {TRAINER_UID})."
     )
     fs_group: Optional[int] = Field(
-        None, ge=0, le=MAX_ID, description=f"Group that owns mounted volumes (default {TRAINER_UID}; EFS access points)."
+        None, ge=0, le=MAX_INT32, description=f"Group that owns mounted volumes (default {TRAINER_UID}; EFS access points)."
     )
     run_as_non_root: Optional[bool] = Field(
         None, description="Always true for trainer pods: the kubelet refuses to start a container as root."

@@ -81,7 +81,9 @@ class TranslationTrainingSpec(TrainerSpec):
         "and is kept so that existing specs stay valid. distributed.backend chooses DDP or ZeRO."
     )
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Per-pod resources.")
-    network: NetworkSpec = Field(default_factory=NetworkSpec, description="Interconnect preset and rendezvous port.")
+    network: NetworkSpec = Field(
+        default_factory=NetworkSpec, validate_default=True,  # the default port must not be metrics.port either
+        description="Interconnect preset and rendezvous port.")
     env: list[EnvVar] = Field(
         default_factory=list, max_length=128,
         description="Extra environment for the trainer; names the launcher or profile sets are refused.",
@@ -139,6 +141,16 @@ class TranslationTrainingSpec(TrainerSpec):
                 f"profile '{profile.name}' is for 1..{profile.max_gpus_per_node} GPUs per node, "
                 f"gpusPerNode is {gpus}"
             )
+        return value
+
+    @field_validator("network")
+    @classmethod
+    def _ports_differ(cls, value: NetworkSpec, info: ValidationInfo) -> NetworkSpec:
+        metrics = info.data.get("metrics")
+        if metrics is not None and metrics.port == value.master_port:
+            # Both listen on rank 0's pod: whichever binds second fails at start, on every restart.
+            raise ValueError(f"metrics.port: {metrics.port} is network.masterPort, the rendezvous port on rank 0's "
+                             "pod; choose another port for one of them (metrics default 9400, rendezvous 29500)")
         return value
 
     @field_validator("scheduling")
@@ -258,15 +270,6 @@ class TranslationTrainingSpec(TrainerSpec):
                              "the stage job writes there")
 
     @model_validator(mode="after")
-    def _ports_differ(self) -> Self:
-        if self.metrics.port == self.network.master_port:
-            # Both listen on rank 0's pod: whichever binds second fails at start, on every restart.
-            raise ValueError(f"metrics.port: {self.metrics.port} is network.masterPort, the rendezvous port on "
-                             "rank 0's pod; choose another port for one of them (metrics default 9400, "
-                             "rendezvous 29500)")
-        return self
-
-    @model_validator(mode="after")
     def _device_matches_gpus(self) -> Self:
         if self.training.device == "cuda" and self.gpus_per_node == 0:
             raise ValueError("training.device is cuda but gpusPerNode is 0")
@@ -353,19 +356,17 @@ def _errors(exc: ValidationError, prefix: str = "") -> list[tuple[str, str]]:
             sibling = next((s for s in _SIBLINGS.get(name, ()) if line.startswith(s + ": ")), None)
             if m and path.endswith("." + m["field"]):
                 out.append((path + m["item"], m["message"]))
-            elif sibling and (parent or name == "spec"):
-                # The spec's own model validators report at "spec"; a field's, beside that field.
-                base = path if name == "spec" else parent
-                out.append((f"{base}.{sibling}", line[len(sibling) + 2:]))
+            elif sibling and parent:
+                out.append((f"{parent}.{sibling}", line[len(sibling) + 2:]))
             else:
                 out.append((path, line))
     return out
 
 
 _ITEM_MESSAGE = re.compile(r"^(?P<field>\w+)(?P<item>\[\d+\](\.\w+)*): (?P<message>.*)$")
-# spec field -> the other fields its validator may report on (the volumes rule reads checkpoint.dir);
-# "spec": the fields the spec's model validators name.
-_SIBLINGS = {"volumes": ("checkpoint.dir",), "spec": ("metrics.port",)}
+# spec field -> the other fields its validator may report on (the volumes rule reads checkpoint.dir,
+# the network rule metrics.port).
+_SIBLINGS = {"volumes": ("checkpoint.dir",), "network": ("metrics.port",)}
 
 
 def parse_training(raw: Any, source: str | None = None, allow_host_path: bool = False) -> TranslationTraining:

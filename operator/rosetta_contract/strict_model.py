@@ -91,6 +91,18 @@ def _yaml_kind(value: Any) -> str:
 JsonObject = Annotated[dict[str, Any], AfterValidator(json_object)]
 
 
+def matches(pattern: str, expected: str) -> AfterValidator:
+    """A validator that refuses a string not matching `pattern` with "'value' is not <expected>":
+    pydantic's own message would print the regex."""
+    compiled = re.compile(pattern)
+
+    def check(value: str) -> str:
+        if not compiled.match(value):
+            raise ValueError(f"'{value}' is not {expected}")
+        return value
+    return AfterValidator(check)
+
+
 class IntOrString:
     """Marks a string field that also takes a whole number, as Kubernetes' int-or-string does
     (resource quantities): `cpu: 8` is fine, `cpu: 0.5` is not (the apiserver refuses it)."""

@@ -114,15 +114,15 @@ def plan_epoch(
     """
     if (max_tokens is None) == (max_sentences is None):
         raise ValueError("give exactly one of max_tokens or max_sentences")
+    src_lengths, tgt_lengths = np.asarray(src_lengths), np.asarray(tgt_lengths)
     n = len(src_lengths)
     rng = np.random.default_rng([seed, epoch])
     noise = rng.permutation(n)
-    order = _length_order(np.asarray(src_lengths), np.asarray(tgt_lengths), noise)
+    order = _length_order(src_lengths, tgt_lengths, noise)
 
     if max_tokens is not None:
         # Padding is monotone, so the padded running maximum is the running maximum of the padded lengths.
-        starts = _token_batch_starts(shapes.length(np.asarray(src_lengths)[order]),
-                                     shapes.length(np.asarray(tgt_lengths)[order]), max_tokens)
+        starts = _token_batch_starts(shapes.length(src_lengths[order]), shapes.length(tgt_lengths[order]), max_tokens)
     else:
         starts = list(range(0, n, max_sentences))
     # Plain ints: the loader and the tests take lists; slicing one list is cheaper than a list per array.
