@@ -15,7 +15,10 @@
 #       TRAINER_BASE_IMAGE=rosetta-test/python:3.11-bookworm" ./build_and_push.sh
 #
 # Optional: IMAGE_NAME (default rosetta: images IMAGE_NAME-trainer and IMAGE_NAME-operator),
-# TARGETS (default "trainer operator"), PLATFORM (default linux/amd64), DOCKER (default docker),
+# TARGETS (default "trainer operator"; add "chart" to push charts/rosetta as an OCI artifact,
+# PREFIX/charts/rosetta:TAG, installable with `helm install rosetta oci://PREFIX/charts/rosetta
+# --version TAG`; TAG must then be a SemVer version, a leading v is dropped; on ECR create the
+# repository REPO_NAME/charts/rosetta first), PLATFORM (default linux/amd64), DOCKER (default docker),
 # BUILD_ARGS (whitespace-separated NAME=VALUE pairs, each passed as --build-arg: the Dockerfile's
 # PYTHON_IMAGE and TRAINER_BASE_IMAGE (base images) and TORCH (default torch==2.13.0)).
 # --dry-run prints every command instead of running it.
@@ -25,7 +28,7 @@ DRY_RUN=0
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY_RUN=1 ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "build_and_push.sh: unknown argument: $arg (only --dry-run)" >&2; exit 2 ;;
   esac
 done
@@ -46,6 +49,7 @@ run() {
 }
 
 DOCKER="${DOCKER:-docker}"
+HELM="${HELM:-helm}"
 IMAGE_NAME="${IMAGE_NAME:-rosetta}"
 TARGETS="${TARGETS:-trainer operator}"
 PLATFORM="${PLATFORM:-linux/amd64}"
@@ -57,6 +61,13 @@ if [[ -n "${PROJECT_ID:-}" ]]; then
   HOST="${REGION}-docker.pkg.dev"
   PREFIX="${HOST}/${PROJECT_ID}/${REPO_NAME}"
   login() { run gcloud auth configure-docker "$HOST" --quiet; }
+  helm_login() {
+    if (( DRY_RUN )); then
+      echo "gcloud auth print-access-token | ${HELM} registry login --username oauth2accesstoken --password-stdin ${HOST}"
+    else
+      gcloud auth print-access-token | "$HELM" registry login --username oauth2accesstoken --password-stdin "$HOST"
+    fi
+  }
 elif [[ -n "${AWS_ACCOUNT_ID:-}" ]]; then
   MODE="ECR (AWS_ACCOUNT_ID)"
   need AWS_ACCOUNT_ID AWS_REGION REPO_NAME TAG
@@ -69,11 +80,19 @@ elif [[ -n "${AWS_ACCOUNT_ID:-}" ]]; then
       aws ecr get-login-password --region "$AWS_REGION" | "$DOCKER" login --username AWS --password-stdin "$HOST"
     fi
   }
+  helm_login() {
+    if (( DRY_RUN )); then
+      echo "aws ecr get-login-password --region ${AWS_REGION} | ${HELM} registry login --username AWS --password-stdin ${HOST}"
+    else
+      aws ecr get-login-password --region "$AWS_REGION" | "$HELM" registry login --username AWS --password-stdin "$HOST"
+    fi
+  }
 elif [[ -n "${REGISTRY:-}" ]]; then
   MODE="REGISTRY"
   need REGISTRY TAG
   PREFIX="${REGISTRY%/}"
   login() { :; }
+  helm_login() { :; }  # as for docker: log in to your registry yourself (helm registry login)
 else
   die "no registry: set PROJECT_ID (with REGION, REPO_NAME) for Artifact Registry, AWS_ACCOUNT_ID (with AWS_REGION, REPO_NAME) for ECR, or REGISTRY"
 fi
@@ -85,12 +104,32 @@ for pair in "${pairs[@]}"; do
   build_args+=(--build-arg "$pair")
 done
 
-login
 for target in $TARGETS; do
   case "$target" in
-    trainer|operator) ;;
-    *) die "TARGETS: unknown target '$target' (trainer, operator)" ;;
+    trainer|operator|chart) ;;
+    *) die "TARGETS: unknown target '$target' (trainer, operator, chart)" ;;
   esac
+done
+# A chart's version is SemVer where an image tag need not be: checked before anything is pushed.
+# appVersion is the tag as given, so the chart's default images are the ones pushed beside it.
+CHART_VERSION="${TAG#v}"
+SEMVER='^[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$'
+if [[ " $TARGETS " == *" chart "* && ! "$CHART_VERSION" =~ $SEMVER ]]; then
+  die "TAG '$TAG' is not a SemVer version (like 0.1.0), which a chart needs"
+fi
+push_chart() {
+  helm_login
+  run "$HELM" package "${CONTEXT}/charts/rosetta" --version "$CHART_VERSION" --app-version "$TAG" \
+    --destination "${CONTEXT}/dist"
+  run "$HELM" push "${CONTEXT}/dist/rosetta-${CHART_VERSION}.tgz" "oci://${PREFIX}/charts"
+}
+
+login
+for target in $TARGETS; do
+  if [[ "$target" == chart ]]; then
+    push_chart
+    continue
+  fi
   image="${PREFIX}/${IMAGE_NAME}-${target}:${TAG}"
   run "$DOCKER" build --platform "$PLATFORM" "${build_args[@]}" --target "$target" --tag "$image" "$CONTEXT"
   run "$DOCKER" push "$image"

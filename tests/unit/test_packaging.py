@@ -193,7 +193,7 @@ assert sys.modules["torch"] is None  # still blocked: nothing imported it
 
 
 def test_a_training_runs_without_the_operator_the_s3_client_or_deepspeed(tmp_path):
-    """The trainer image has no [operator]; `pip install 'rosetta[trainer]'` has no [s3] or
+    """The trainer image has no [operator]; `pip install 'rosetta-mt[trainer]'` has no [s3] or
     [deepspeed] either: a DDP training without an S3 mirror needs none of them (one that sets
     scheduling.affinity included), `rosetta --help` neither, and a DeepSpeed spec is told what to
     install."""
@@ -229,7 +229,7 @@ except SystemExit as exc:
 from rosetta_cli.main import main
 sys.exit(main(["train", "-f", {str(deepspeed)!r}, "--output", {str(tmp_path / "ds")!r}, "--no-progress"]))
 """, timeout=600)
-    assert out.returncode != 0 and "pip install 'rosetta[deepspeed]'" in out.stderr, out.stderr[-3000:]
+    assert out.returncode != 0 and "pip install 'rosetta-mt[deepspeed]'" in out.stderr, out.stderr[-3000:]
     assert "Traceback" not in out.stderr
 
 
@@ -239,7 +239,7 @@ sys.exit(main(["train", "-f", {str(deepspeed)!r}, "--output", {str(tmp_path / "d
 def dry_run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items()
              if k not in ("PROJECT_ID", "REGION", "REPO_NAME", "IMAGE_NAME", "TAG", "AWS_ACCOUNT_ID",
-                          "AWS_REGION", "REGISTRY", "TARGETS", "PLATFORM", "DOCKER", "BUILD_ARGS")}
+                          "AWS_REGION", "REGISTRY", "TARGETS", "PLATFORM", "DOCKER", "HELM", "BUILD_ARGS")}
     return subprocess.run(["bash", str(SCRIPT), "--dry-run", *args], env={**clean, **env},
                           capture_output=True, text=True, timeout=30)
 
@@ -283,6 +283,31 @@ def test_build_args_are_passed_to_every_build():
     ]
     bad = dry_run({"REGISTRY": "r", "TAG": "t", "BUILD_ARGS": "PYTHON_IMAGE"})
     assert bad.returncode != 0 and "BUILD_ARGS" in bad.stderr
+
+
+def test_the_chart_is_pushed_as_an_oci_artifact_beside_the_images():
+    out = dry_run({"AWS_ACCOUNT_ID": "123456789012", "AWS_REGION": "us-east-1", "REPO_NAME": "ml", "TAG": "v0.2.0",
+                   "TARGETS": "operator chart"})
+    assert out.returncode == 0, out.stderr
+    host = "123456789012.dkr.ecr.us-east-1.amazonaws.com"
+    assert out.stdout.splitlines()[-3:] == [
+        f"aws ecr get-login-password --region us-east-1 | helm registry login --username AWS --password-stdin {host}",
+        f"helm package {REPO}/charts/rosetta --version 0.2.0 --app-version v0.2.0 --destination {REPO}/dist",
+        f"helm push {REPO}/dist/rosetta-0.2.0.tgz oci://{host}/ml/charts",
+    ]
+    # Refused before any image is built: a chart needs a SemVer version.
+    bad = dry_run({"REGISTRY": "ghcr.io/org", "TAG": "latest", "TARGETS": "trainer chart"})
+    assert bad.returncode != 0 and bad.stdout == "" and "TAG 'latest' is not a SemVer version" in bad.stderr
+
+
+def test_the_distribution_has_a_name_of_its_own_and_the_docs_install_it():
+    """`rosetta` on PyPI is an unrelated package: every install line names ours."""
+    assert PYPROJECT["project"]["name"] == "rosetta-mt"
+    sources = [REPO / "README.md", *(REPO / "docs").glob("*.md"), *(REPO / "trainer").rglob("*.py"),
+               *(REPO / "operator").rglob("*.py"), *(REPO / "examples").rglob("*.py")]
+    wrong = [f"{path.relative_to(REPO)}: {m.group(0)}" for path in sources
+             for m in re.finditer(r"(?:pip|pipx|uv pip) install ['\"]?rosetta(?![-\w])\S*", path.read_text())]
+    assert not wrong, wrong
 
 
 @pytest.mark.parametrize("env, missing", [

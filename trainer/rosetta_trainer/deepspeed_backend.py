@@ -94,7 +94,7 @@ class DeepSpeedBackend:
             import deepspeed
         except ImportError:
             raise ConfigError([("spec.distributed.backend", "deepspeed needs DeepSpeed installed: "
-                                "pip install 'rosetta[deepspeed]' (the trainer image has it)")]) from None
+                                "pip install 'rosetta-mt[deepspeed]' (the trainer image has it)")]) from None
 
         self.spec, self.world = spec, world
         t = spec.training

@@ -46,7 +46,7 @@ def _import_ctranslate2():
         import ctranslate2
         import ctranslate2.converters
     except ImportError:
-        raise ExportError("CTranslate2 is not installed: pip install 'rosetta[export]' "
+        raise ExportError("CTranslate2 is not installed: pip install 'rosetta-mt[export]' "
                           "(or pip install ctranslate2)") from None
     return ctranslate2
 

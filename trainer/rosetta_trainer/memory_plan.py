@@ -203,7 +203,7 @@ def node_cpu_bytes(setting: Setting, shape: ModelShape, nodes: int, gpus_per_nod
             from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
     except ImportError:
         raise PlanSkipped("DeepSpeed is not installed, and its estimators give the node memory: "
-                          "pip install 'rosetta[deepspeed]'") from None
+                          "pip install 'rosetta-mt[deepspeed]'") from None
 
     if setting.stage == 0:  # the same load as DeepSpeed's stage 1/2 without offload
         setting = Setting(2)

@@ -95,7 +95,7 @@ class WandbTracker:
         try:
             import wandb
         except ImportError:
-            raise ImportError("spec.tracking.wandb needs the wandb package: pip install 'rosetta[tracking]'") from None
+            raise ImportError("spec.tracking.wandb needs the wandb package: pip install 'rosetta-mt[tracking]'") from None
         mode, why = wandb_mode(spec)
         log.info("W&B %s (%s)", mode, why)
         if spec.base_url:
@@ -136,7 +136,7 @@ class MlflowTracker:
             import mlflow
         except ImportError:
             raise ImportError("spec.tracking.mlflow needs mlflow (or mlflow-skinny): "
-                              "pip install 'rosetta[tracking]'") from None
+                              "pip install 'rosetta-mt[tracking]'") from None
         uri = spec.tracking_uri or (output / "mlruns").resolve().as_uri()
         if uri.startswith("file:"):
             # MLflow 3 keeps its directory store in maintenance mode behind this switch; the store
