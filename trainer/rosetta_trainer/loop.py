@@ -114,7 +114,7 @@ class Trainer:
         self.eval_set = validation[: ev.max_samples] if ev.max_samples else validation
 
     # ---------------------------------------------------------------- set-up
-    def _plan(self, epoch: int) -> list[list[int]]:
+    def _plan(self, epoch: int) -> batching.EpochPlan:
         b = self.spec.training.batch
         plan = batching.plan_epoch(self.src_len, self.tgt_len, seed=self.spec.training.seed, epoch=epoch,
                                    max_tokens=b.tokens, max_sentences=b.sentences, world_size=self.world.size,
