@@ -2,19 +2,22 @@
 clock (callers pass `now`).
 
 `get` prints one table row per training (`rows`, `table`); `status` prints one training in full
-(`summary`, `describe`); `-o json|yaml` prints the objects as the API returns them (`get`) or the
-summary (`status`), so scripts read the same figures a person sees.
+(`summary`, `describe`) with its recent events (`events_table`); `-o json|yaml|jsonpath=…` prints
+the objects as the API returns them (`get`) or the summary (`status`), so scripts read the same
+figures a person sees. `-o wide` adds columns, `-o name` prints `translationtraining.rosetta.dev/NAME`.
 """
 
 from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
+
+from rosetta_contract.resource import GROUP, KIND
 
 # While the trainer runs, its ETA counts down from the last scrape; in any other phase there is none.
 COUNTING_DOWN = frozenset({"Running", "Restarting"})
-FORMATS = ("table", "json", "yaml")
+FORMATS = ("table", "wide", "name", "json", "yaml", "jsonpath=TEMPLATE")
 
 
 def parse_time(value: Any) -> Optional[datetime]:
@@ -82,19 +85,62 @@ def row(obj: Mapping[str, Any], now: datetime) -> list[str]:
             age(meta.get("creationTimestamp"), now)]
 
 
-def table(objects: Iterable[Mapping[str, Any]], now: datetime, *, namespaces: bool = False) -> str:
+# -o wide: what a first look at a stuck or slow training asks next (its size, its JobSet, how far the
+# checkpoints got, the operator's message).
+WIDE_COLUMNS = ("NODES", "GPUS/NODE", "JOBSET", "CHECKPOINT", "MESSAGE")
+
+
+def wide_row(obj: Mapping[str, Any], now: datetime) -> list[str]:
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    step = (status.get("progress") or {}).get("lastCheckpointStep")
+    return row(obj, now) + [str(spec.get("nodes", "-")), str(spec.get("gpusPerNode", "-")),
+                            status.get("jobSetName") or "-", f"step {step}" if step is not None else "-",
+                            " ".join(str(status.get("message") or "-").split())]
+
+
+def header(*, namespaces: bool = False, wide: bool = False) -> list[str]:
+    return (["NAMESPACE"] if namespaces else []) + list(COLUMNS) + (list(WIDE_COLUMNS) if wide else [])
+
+
+def cells(obj: Mapping[str, Any], now: datetime, *, namespaces: bool = False, wide: bool = False) -> list[str]:
+    ns = [(obj.get("metadata") or {}).get("namespace", "")] if namespaces else []
+    return ns + (wide_row(obj, now) if wide else row(obj, now))
+
+
+def table(objects: Iterable[Mapping[str, Any]], now: datetime, *, namespaces: bool = False, wide: bool = False) -> str:
     """`kubectl get`'s layout: upper-case headers, columns three spaces apart, no trailing blanks."""
-    header = (["NAMESPACE"] if namespaces else []) + list(COLUMNS)
-    lines = [header]
-    for obj in objects:
-        ns = [(obj.get("metadata") or {}).get("namespace", "")] if namespaces else []
-        lines.append(ns + row(obj, now))
+    lines = [header(namespaces=namespaces, wide=wide)]
+    lines += [cells(obj, now, namespaces=namespaces, wide=wide) for obj in objects]
     return _columns(lines)
 
 
 def _columns(lines: list[list[str]]) -> str:
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    return "\n".join("   ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines) + "\n"
+    return "\n".join(_line(line, widths) for line in lines) + "\n"
+
+
+def _line(cells: Sequence[str], widths: Sequence[int]) -> str:
+    return "   ".join(cell.ljust(w) for cell, w in zip(cells, widths)).rstrip()
+
+
+class WatchTable:
+    """`get -w`'s rows: the first batch laid out as one table, each later row printed as it comes in
+    columns no narrower than before (a row wider than the header widens its own columns only)."""
+
+    def __init__(self, header: list[str]):
+        self.widths = [len(h) for h in header]
+        self.header: list[str] | None = header
+
+    def lines(self, rows: Sequence[list[str]]) -> str:
+        for r in rows:
+            self.widths = [max(w, len(c)) for w, c in zip(self.widths, r)]
+        head, self.header = ([self.header] if self.header else []), None
+        return "".join(_line(r, [max(w, len(c)) for w, c in zip(self.widths, r)]) + "\n" for r in head + list(rows))
+
+
+def resource_name(obj: Mapping[str, Any]) -> str:
+    """`-o name`: kubectl's `translationtraining.rosetta.dev/NAME`."""
+    return f"{KIND.lower()}.{GROUP}/{(obj.get('metadata') or {}).get('name', '')}"
 
 
 # ----------------------------------------------------------------------------- status
@@ -175,8 +221,9 @@ def _when(timestamp: Any, now: datetime) -> str:
     return f"{timestamp} ({age(timestamp, now)} ago)" if parse_time(timestamp) else "-"
 
 
-def describe(obj: Mapping[str, Any], now: datetime) -> str:
-    """`rosetta status NAME`: one training, a field a line, then its conditions as a table."""
+def describe(obj: Mapping[str, Any], now: datetime, events: Optional[Sequence[Mapping[str, Any]]] = None) -> str:
+    """`rosetta status NAME`: one training, a field a line, then its conditions as a table, then, as
+    `kubectl describe` ends, its recent `events` (recent_events(); None: no such section)."""
     s = summary(obj, now)
     progress = s["progress"] or {}
     updated = progress.get("updatedAt")
@@ -204,7 +251,67 @@ def describe(obj: Mapping[str, Any], now: datetime) -> str:
         lines += ["  " + line for line in _columns(cells).splitlines()]
     else:
         lines.append("Conditions:     -")
+    if events is not None:
+        lines += events_table(events, now)
     return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------ events
+
+# As kubectl describe: enough to see what went wrong last without the namespace's whole history.
+EVENTS_SHOWN = 20
+
+
+def _event_time(event: Mapping[str, Any], *keys: str) -> Any:
+    """The first of `keys` the event has; events.k8s.io writers fill eventTime and series, core/v1
+    writers (kopf, the kubelet) first/lastTimestamp."""
+    for key in keys:
+        value: Any = event
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, Mapping) else None
+        if value:
+            return value
+    return None
+
+
+def event_summary(event: Mapping[str, Any]) -> dict[str, Any]:
+    """One core/v1 Event as data (`status -o json`): what happened to which object, how often, when."""
+    involved = event.get("involvedObject") or {}
+    source = event.get("source") or {}
+    return {
+        "type": event.get("type") or "Normal", "reason": event.get("reason") or "",
+        "object": f"{str(involved.get('kind') or '').lower()}/{involved.get('name') or ''}",
+        "from": source.get("component") or event.get("reportingComponent") or "",
+        "count": int((event.get("series") or {}).get("count") or event.get("count") or 1),
+        "firstSeen": _event_time(event, "firstTimestamp", "eventTime", "metadata.creationTimestamp"),
+        "lastSeen": _event_time(event, "series.lastObservedTime", "lastTimestamp", "eventTime",
+                                "metadata.creationTimestamp"),
+        "message": " ".join(str(event.get("message") or "").split()),
+    }
+
+
+def recent_events(events: Iterable[Mapping[str, Any]], limit: int = EVENTS_SHOWN) -> list[dict[str, Any]]:
+    """The last `limit` events as event_summary()s, oldest first (kubectl describe's order)."""
+    summaries = [event_summary(e) for e in events]
+    summaries.sort(key=lambda e: parse_time(e["lastSeen"]) or datetime.min.replace(tzinfo=timezone.utc))
+    return summaries[-limit:]
+
+
+def _event_age(event: Mapping[str, Any], now: datetime) -> str:
+    """kubectl's `3m (x5 over 10m)` for a repeated event."""
+    last = age(event["lastSeen"], now)
+    if event["count"] > 1:
+        return f"{last} (x{event['count']} over {age(event['firstSeen'], now)})"
+    return last
+
+
+def events_table(events: Sequence[Mapping[str, Any]], now: datetime) -> list[str]:
+    """The `Events:` section: recent_events() as a table, `<none>` as kubectl says it."""
+    if not events:
+        return ["Events:         <none>"]
+    rows = [["TYPE", "REASON", "AGE", "OBJECT", "FROM", "MESSAGE"]] + [
+        [e["type"], e["reason"], _event_age(e, now), e["object"], e["from"], e["message"]] for e in events]
+    return ["Events:"] + ["  " + line for line in _columns(rows).splitlines()]
 
 
 # ----------------------------------------------------------------------------- output
@@ -222,3 +329,94 @@ def dump(data: Any, fmt: str) -> str:
 def as_list(objects: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Several objects as `kubectl get -o json` prints them: one List."""
     return {"apiVersion": "v1", "kind": "List", "items": list(objects), "metadata": {"resourceVersion": ""}}
+
+
+# ---------------------------------------------------------------------------- jsonpath
+
+
+JsonPathNode = tuple[str, Any, list["JsonPathNode"]]  # ("text", str, []), ("path", expr, []), ("range", expr, body)
+
+
+def parse_jsonpath(template: str) -> list[JsonPathNode]:
+    """kubectl's `-o jsonpath=` template: text, `{.path}` (JSONPath, jsonpath-ng's extended syntax:
+    filters, slices), `{"literal\\n"}`, `{range .path}…{end}`. ValueError says what is wrong."""
+    from jsonpath_ng.ext import parse
+
+    root: list[JsonPathNode] = []
+    stack: list[list[JsonPathNode]] = [root]
+    for is_action, text in _actions(template):
+        body = stack[-1]
+        action = text.strip()
+        if not is_action:
+            body.append(("text", text, []))
+        elif action == "end":
+            if len(stack) == 1:
+                raise ValueError("{end} without {range …}")
+            stack.pop()
+        elif action.startswith('"'):
+            try:
+                body.append(("text", str(json.loads(action, strict=False)), []))
+            except ValueError:
+                raise ValueError(f"{{{action}}} is not a quoted string") from None
+        else:
+            is_range = action.startswith("range ")
+            path = action[len("range "):].strip() if is_range else action
+            if path.startswith("@"):
+                path = path[1:]
+            expression = path if path.startswith("$") else "$" + ("" if path.startswith(("[", ".")) else ".") + path
+            try:
+                compiled = parse(expression)
+            except Exception as exc:  # the lexer and parser raise several kinds
+                raise ValueError(f"{{{action}}}: {exc}") from None
+            node: JsonPathNode = ("range" if is_range else "path", (path.startswith("$"), compiled), [])
+            body.append(node)
+            if is_range:
+                stack.append(node[2])
+    if len(stack) > 1:
+        raise ValueError("{range …} without {end}")
+    return root
+
+
+def _actions(template: str) -> Iterator[tuple[bool, str]]:
+    """(False, text) and (True, what is between braces); a brace inside a quoted string is text."""
+    i = 0
+    while i < len(template):
+        start = template.find("{", i)
+        if start < 0:
+            yield False, template[i:]
+            return
+        if start > i:
+            yield False, template[i:start]
+        j, quoted = start + 1, False
+        while j < len(template) and (quoted or template[j] != "}"):
+            if template[j] == "\\" and quoted:
+                j += 1
+            elif template[j] == '"':
+                quoted = not quoted
+            j += 1
+        if j >= len(template):
+            raise ValueError(f"unclosed action in {template!r}")
+        yield True, template[start + 1:j]
+        i = j + 1
+
+
+def jsonpath(template: str, data: Any) -> str:
+    """The template applied to `data`; several matches of one path are joined by spaces, a missing
+    key prints nothing (kubectl's --allow-missing-template-keys)."""
+    return _render(parse_jsonpath(template), data, data)
+
+
+def _render(nodes: list[JsonPathNode], current: Any, root: Any) -> str:
+    out = []
+    for kind, value, body in nodes:
+        if kind == "text":
+            out.append(value)
+            continue
+        absolute, compiled = value
+        matches = [m.value for m in compiled.find(root if absolute else current)]
+        if kind == "range":
+            items = matches[0] if len(matches) == 1 and isinstance(matches[0], list) else matches
+            out.extend(_render(body, item, root) for item in items)
+        else:
+            out.append(" ".join(v if isinstance(v, str) else json.dumps(v, separators=(",", ":")) for v in matches))
+    return "".join(out)

@@ -17,17 +17,26 @@ from rosetta_contract.strict_model import ConfigError
 from rosetta_operator.kube import FIELD_MANAGER, INVALID, Cluster, VerbError
 
 
+def checked_training(raw: Any, overrides: list[str], source: Optional[str] = None,
+                     allow_host_path: bool = False) -> dict[str, Any]:
+    """One TranslationTraining document with `overrides` applied, validated as the operator would
+    validate it (a ConfigError, exit 2, names every problem); as written, not as the model reads it."""
+    from rosetta_contract.spec import parse_training
+    from rosetta_operator.render import render
+
+    training = apply_overrides(raw, overrides, source)
+    parsed = parse_training(training, source, allow_host_path=allow_host_path)
+    # Rendering catches what only the child names reveal (a pod hostname over 63 characters).
+    render(parsed.metadata.name, parsed.metadata.namespace or "default", parsed.spec)
+    return dict(training)
+
+
 def read_documents(path: str, overrides: list[str], allow_host_path: bool = False) -> list[dict[str, Any]]:
     """The file's documents, its TranslationTraining with `overrides` applied and validated (a
     ConfigError, exit 2, names every problem)."""
     from rosetta_contract import strict_yaml
-    from rosetta_contract.spec import parse_training
-    from rosetta_operator.render import render
 
-    training = apply_overrides(read_yaml(path), overrides, str(path))  # ConfigError on a bad file
-    parsed = parse_training(training, str(path), allow_host_path=allow_host_path)
-    # Rendering catches what only the child names reveal (a pod hostname over 63 characters).
-    render(parsed.metadata.name, parsed.metadata.namespace or "default", parsed.spec)
+    training = checked_training(read_yaml(path), overrides, str(path), allow_host_path)  # ConfigError on a bad file
     documents = [d for d in strict_yaml.load_all(strict_yaml.read_text(path)) if d is not None]
     if len(documents) == 1:
         return [training]

@@ -1,5 +1,6 @@
 """The `rosetta` verbs that act on a cluster (`submit`, `get`, `status`, `logs`, `wait`, `delete`,
-`tensorboard`) and `kubectl rosetta`, against the live cluster and the real operator.
+`suspend`, `resume`, `tensorboard`), `kubectl rosetta`, and the Python client they call, against
+the live cluster and the real operator.
 
 Logs and exec need a kubelet's API, which the simulated fleet's kwok does not serve. A second kwok
 (`log_node`) manages one node of its own and serves it at 127.0.0.1, where the apiserver proxies
@@ -17,6 +18,7 @@ import http.server
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -106,11 +108,13 @@ def log_node(live_cluster, tmp_path_factory):
         cp.stop_process("kwok-logs")
 
 
-def training_file(tmp_path: Path, name: str) -> Path:
+def training_file(tmp_path: Path, name: str, labels: dict | None = None) -> Path:
     """quickstart-cpu (its claim, then the training) placed on the log node."""
     docs = documents(QUICKSTART)
     training = docs["TranslationTraining"]
     training["metadata"]["name"] = name
+    if labels:
+        training["metadata"]["labels"] = labels
     training["spec"]["scheduling"] = {
         "nodeSelector": {"rosetta.test/pool": "logs"},
         "tolerations": [{"key": LOG_NODE_TAINT, "operator": "Exists", "effect": "NoSchedule"}]}
@@ -132,11 +136,20 @@ def rosetta(cluster, *args: str) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-class Follower:
-    """`rosetta logs -f` as its own process; its output collected as it comes."""
+def table_rows(out: str) -> list[dict[str, str]]:
+    """A `get` table's rows by column name, cut where the header's columns start (a cell may hold
+    spaces: `50% 300/600`)."""
+    header, *rows = out.splitlines()
+    starts = [m.start() for m in re.finditer(r"\S+", header)]
+    return [{name: row[a:b].strip() for name, a, b in zip(header.split(), starts, starts[1:] + [None])}
+            for row in rows]
 
-    def __init__(self, cluster, *args: str):
-        self.proc = subprocess.Popen([sys.executable, "-m", "rosetta_cli", "logs", "-f", *args],
+
+class Follower:
+    """`rosetta logs -f` (or another streaming verb) as its own process; its output collected as it comes."""
+
+    def __init__(self, cluster, *args: str, verb: tuple[str, ...] = ("logs", "-f")):
+        self.proc = subprocess.Popen([sys.executable, "-m", "rosetta_cli", *verb, *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env={**os.environ, "KUBECONFIG": cluster.kubeconfig})
         self.out: list[str] = []
@@ -259,6 +272,22 @@ def test_a_training_from_submit_to_delete(live_cluster, live_namespace, live_ope
     assert (code, out) == (0, "rank 1 gang 0 step 2\n"), err
     code, out, err = rosetta(live_cluster, "logs", name, "-n", ns, "--rank", "2")
     assert code == 2 and "ranks 0 to 1" in err, err
+    code, out, err = rosetta(live_cluster, "logs", name, "-n", ns, "--all-ranks", "--since", "1h")
+    assert code == 0 and sorted(out.splitlines()) == [f"[rank {r}] rank {r} gang 0 step {s}" for r in (0, 1)
+                                                      for s in (1, 2)], err
+
+    # kubectl's other habits: -o wide|name|jsonpath, and status ends with the recent events.
+    code, out, err = rosetta(live_cluster, "get", "-n", ns, "-o", "wide")
+    wide = table_rows(out)[0]
+    assert (wide["NAME"], wide["NODES"], wide["JOBSET"], wide["CHECKPOINT"]) == (name, "2", name, "step 200"), out
+    code, out, err = rosetta(live_cluster, "get", "-n", ns, "-o", "name")
+    assert (code, out) == (0, f"translationtraining.rosetta.dev/{name}\n"), err
+    code, out, err = rosetta(live_cluster, "get", name, "-n", ns, "-o", "jsonpath={.status.progress.lastCheckpointStep}")
+    assert (code, out) == (0, "200\n"), err
+    code, out, err = rosetta(live_cluster, "status", name, "-n", ns)
+    events = out[out.index("\nEvents:\n"):].splitlines()[3:]
+    assert any(line.split()[:2] == ["Normal", "Scheduled"] and f"pod/{gang[0].metadata.name}" in line
+               for line in events), out
 
     # TensorBoard: rank 0's event files copied out through the exec API, then served.
     write_events(log_node.output / "tensorboard")
@@ -351,7 +380,7 @@ def test_what_the_verbs_refuse(live_cluster, live_namespace, tmp_path):
     code, out, err = rosetta(live_cluster, "logs", "missing", "-n", ns)
     assert code == 1 and "not found" in err
     code, out, err = rosetta(live_cluster, "get", "-n", ns, "--context", "nowhere")
-    assert code == 1 and "nowhere" in err, err
+    assert code == 2 and "nowhere" in err, err  # a kubeconfig that cannot be used as written is input
 
 
 def test_kubectl_finds_the_plugin(live_cluster, live_namespace, tmp_path):
@@ -368,3 +397,58 @@ def test_kubectl_finds_the_plugin(live_cluster, live_namespace, tmp_path):
     version = subprocess.run(["kubectl", "rosetta", "--version"], capture_output=True, text=True, env=env, timeout=60)
     from rosetta_trainer import __version__
     assert version.stdout.strip() == f"rosetta {__version__}", version
+    # Named as the user typed it, with the cluster's verbs and without the local ones.
+    helped = subprocess.run(["kubectl", "rosetta", "--help"], capture_output=True, text=True, env=env, timeout=60)
+    assert helped.stdout.startswith("usage: kubectl rosetta ") and "    suspend " in helped.stdout, helped
+    assert "    train " not in helped.stdout and "    operator " not in helped.stdout
+    empty = subprocess.run(["kubectl", "rosetta", "get", "-n", live_namespace], capture_output=True, text=True,
+                           env=env, timeout=60)
+    assert (empty.returncode, empty.stdout, empty.stderr) == (0, "", f"No resources found in {live_namespace} namespace.\n")
+
+
+def test_the_python_client_and_suspend_resume(live_cluster, live_namespace, live_operator, log_node, tmp_path):
+    """The Client that the verbs call, used as a script would use it; suspend and resume through the
+    operator, seen by `rosetta get -w`."""
+    from rosetta_operator import Client, TrainingNotFound
+
+    ns, name = live_namespace, "sdk"
+    bound_volume(live_cluster, ns, "quickstart-cpu-checkpoints")
+    client = Client(kubeconfig=live_cluster.kubeconfig, namespace=ns)
+    applied: list[str] = []
+    submitted = client.submit(training_file(tmp_path, name, labels={"team": "nlp"}), on_applied=applied.append)
+    assert submitted["metadata"]["name"] == name and applied[-1] == f"translationtraining.rosetta.dev/{name} created"
+    assert client.wait(name, "Running", timeout=WAIT)["status"]["phase"] == "Running"
+    assert [o["metadata"]["name"] for o in client.list(label_selector="team=nlp")] == [name]
+    assert client.list(label_selector="team=other") == []
+    code, out, err = rosetta(live_cluster, "get", "-n", ns, "-l", "team=nlp", "-o", "name")
+    assert (code, out) == (0, f"translationtraining.rosetta.dev/{name}\n"), err
+
+    gang = wait_gang(live_cluster, ns, name)
+    for rank, pod in gang.items():
+        log_node.serve_log(ns, pod.metadata.name, [f"rank {rank} says hello"])
+    assert list(client.logs(name)) == ["rank 0 says hello"]
+    assert sorted(client.logs(name, all_ranks=True)) == ["[rank 0] rank 0 says hello", "[rank 1] rank 1 says hello"]
+
+    # `get -w` prints a row at each change: the suspension, then the resumption.
+    watcher = Follower(live_cluster, name, "-n", ns, "--request-timeout", "180s", verb=("get", "-w"))
+    try:
+        wait_for(lambda: watcher.saw(" Running "), "get -w's first row", 30)
+        code, out, err = rosetta(live_cluster, "suspend", name, "-n", ns, "--wait", "--timeout", f"{WAIT}s")
+        assert (code, out) == (0, f"translationtraining.rosetta.dev/{name} suspended\n"), err
+        wait_for(lambda: not live_cluster.pods(ns, name), "the suspended training's pods to be gone", WAIT)
+        wait_for(lambda: watcher.saw(" Suspended "), "get -w's row for the suspension", 30)
+        assert client.status(name).phase == "Suspended" and client.suspend(name) is False
+        code, out, err = rosetta(live_cluster, "resume", name, "-n", ns, "--wait", "--timeout", f"{WAIT}s")
+        assert (code, out) == (0, f"translationtraining.rosetta.dev/{name} resumed\n"), err
+        wait_gang(live_cluster, ns, name, exclude={p.metadata.uid for p in gang.values()})
+        phases = [line.split()[1] for line in watcher.out if line.startswith(f"{name} ")]
+        assert phases[0] == "Running" and "Suspended" in phases and phases.index("Suspended") > 0, watcher.out
+        assert watcher.out[0].split()[:2] == ["NAME", "PHASE"] and watcher.err == [], watcher.err
+    finally:
+        watcher.proc.kill()
+        watcher.proc.wait(10)
+
+    assert client.delete(name, wait=True, timeout=60) is True
+    with pytest.raises(TrainingNotFound):
+        client.get(name)
+    assert client.delete(name, ignore_not_found=True) is False

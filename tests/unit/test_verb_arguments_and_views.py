@@ -68,8 +68,9 @@ def test_version_and_bad_arguments(capsys):
     with pytest.raises(SystemExit) as exc:
         build_parser().parse_args(["--version"])
     assert exc.value.code == 0 and capsys.readouterr().out.strip() == f"rosetta {__version__}"
-    for argv in (["logs", "x", "--rank", "-1"], ["get", "-o", "wide"], ["wait", "x"], ["wait", "x", "--for",
-                                                                                         "delete", "--timeout", "soon"]):
+    for argv in (["logs", "x", "--rank", "-1"], ["get", "-o", "xml"], ["get", "-o", "jsonpath={.a"], ["wait", "x"],
+                 ["wait", "x", "--for", "delete", "--timeout", "soon"], ["logs", "x", "--rank", "1", "--all-ranks"],
+                 ["logs", "x", "--since", "0s"], ["get", "-w", "--request-timeout", "0"], ["completion", "fish"]):
         with pytest.raises(SystemExit) as exc:
             build_parser().parse_args(argv)
         assert exc.value.code == 2, argv
