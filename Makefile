@@ -44,16 +44,18 @@ typecheck: install
 	$(VENV)/bin/mypy -p rosetta_contract -p rosetta_operator -p rosetta_cli
 
 # Files generated from the code: the CRD (from the spec models) and its copy in the chart, the
-# chart's values schema, the raw operator manifest (the chart rendered by Helm's engine), the core/v1
-# types the contract checks free-form pod fields against (from the Kubernetes client's models). Run it
-# after changing the spec or the chart; `make verify` fails when a commit left one of them stale.
+# chart's values schema and README (from values.yaml and its comments), the raw operator manifest
+# (the chart rendered by Helm's engine), the core/v1 types the contract checks free-form pod fields
+# against (from the Kubernetes client's models). Run it after changing the spec or the chart;
+# `make verify` fails when a commit left one of them stale.
 GENERATED := manifests/crd.yaml charts/rosetta/files/crd.yaml charts/rosetta/values.schema.json manifests/operator.yaml \
-	operator/rosetta_contract/core_types.json
+	operator/rosetta_contract/core_types.json charts/rosetta/README.md
 
 generate: install
 	$(VENV)/bin/rosetta crd > manifests/crd.yaml
 	cp manifests/crd.yaml charts/rosetta/files/crd.yaml
 	$(PY) charts/values_schema.py > charts/rosetta/values.schema.json
+	$(PY) charts/chart_readme.py > charts/rosetta/README.md
 	$(PY) tests/support/chart.py > manifests/operator.yaml
 	$(PY) -m rosetta_operator.core_types_table > operator/rosetta_contract/core_types.json
 

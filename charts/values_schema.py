@@ -39,6 +39,9 @@ OVERRIDES: dict[str, dict] = {
     "operator.metricsPort": PORT,
     "operator.extraArgs": STRING_LIST,
     "operator.extraEnv": OBJECT_LIST,
+    # The choices of `rosetta operator --log-level` and `--log-format`.
+    "logging.level": {"type": "string", "enum": ["debug", "info", "warning", "error"]},
+    "logging.format": {"type": "string", "enum": ["text", "json"]},
     "policy.allowedRegistries": STRING_LIST,
     "policy.allowedServiceAccounts": STRING_LIST,
     "policy.allowedPriorityClasses": STRING_LIST,

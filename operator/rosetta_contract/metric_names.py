@@ -57,6 +57,7 @@ OPERATOR_METRICS: tuple[str, ...] = (
     "rosetta_operator_reconcile_errors_total",    # handler
     "rosetta_operator_reconcile_seconds",         # handler (histogram)
     "rosetta_operator_trainings",                 # phase
+    "rosetta_operator_training_phase",            # namespace, training, phase: 1 for the current status.phase
     "rosetta_operator_jobsets_created_total",
     "rosetta_operator_time_to_running_seconds",   # histogram
     "rosetta_operator_status_patches_total",

@@ -1,5 +1,5 @@
 """The operator's own Prometheus metrics: handler calls (outcome, errors, seconds), trainings per
-phase, gang restarts per training, time to Running, status patches and progress scrapes.
+phase, each training's phase and gang restarts, time to Running, status patches and progress scrapes.
 
 The names are listed in rosetta_contract.metric_names.OPERATOR_METRICS, which the chart's dashboards
 and alerts are checked against; docs/observability.md describes them.
@@ -46,6 +46,12 @@ TRAINING_RESTARTS = prometheus_client.Gauge(
 TRAINING_MAX_RESTARTS = prometheus_client.Gauge(
     "rosetta_operator_training_max_restarts", "The training's spec.failurePolicy.maxRestarts",
     ["namespace", "training"])
+# Per training, for an alert per failed training that can be routed by its namespace: the count by
+# phase above says only how many there are, so a second failure beside a first one changes nothing.
+# One series per training, the current phase's; it moves with the phase and goes with the training.
+TRAINING_PHASE = prometheus_client.Gauge(
+    "rosetta_operator_training_phase", "1 for the training's status.phase (Unknown: no status yet)",
+    ["namespace", "training", "phase"])
 PROGRESS_SCRAPES = prometheus_client.Counter(
     "rosetta_operator_progress_scrapes", "Scrapes of rank 0's metrics by outcome "
     "(updated, unchanged, no_pod, unreachable, too_large, no_step)", ["outcome"])
@@ -101,12 +107,13 @@ def instrumented(handler: str) -> Callable[..., Any]:
 
 _PHASES: dict[str, str] = {}   # uid → phase of every TranslationTraining the watch has seen
 _NAMES: dict[str, tuple[str, str]] = {}   # uid → (namespace, name): the restart gauges' labels
+_PHASE_LABELS: dict[str, tuple[str, str, str]] = {}   # uid → (namespace, name, phase) of its phase series
 _PHASES_LOCK = threading.Lock()
 
 
 
 def reset_phase_gauges() -> None:
-    """Forget an earlier run's view: the phase gauge is rebuilt from the watch's initial listing."""
+    """Forget an earlier run's view: the phase gauges are rebuilt from the watch's initial listing."""
     with _PHASES_LOCK:
         _PHASES.clear()
         _publish_phases()
@@ -115,10 +122,15 @@ def reset_phase_gauges() -> None:
                 with contextlib.suppress(KeyError):
                     gauge.remove(*labels)
         _NAMES.clear()
+        for phase_labels in _PHASE_LABELS.values():
+            with contextlib.suppress(KeyError):
+                TRAINING_PHASE.remove(*phase_labels)
+        _PHASE_LABELS.clear()
 
 
 def count_phases(event: Mapping[str, Any], body: Mapping[str, Any], uid: str, **_: Any) -> None:
-    """Keep rosetta_operator_trainings{phase} equal to what the API holds, deletions included.
+    """Keep rosetta_operator_trainings{phase}, and each training's phase and restart gauges, equal to
+    what the API holds, deletions included.
     Called on the event loop; the lock is for the startup hook's reset, which runs in a worker thread
     before any watch starts, and costs nothing uncontended."""
     with _PHASES_LOCK:
@@ -128,6 +140,22 @@ def count_phases(event: Mapping[str, Any], body: Mapping[str, Any], uid: str, **
             _PHASES[uid] = (body.get("status") or {}).get("phase") or "Unknown"
         _publish_phases()
         _publish_restarts(event, body, uid)
+        _publish_training_phase(event, body, uid)
+
+
+def _publish_training_phase(event: Mapping[str, Any], body: Mapping[str, Any], uid: str) -> None:
+    """rosetta_operator_training_phase of one training: its current phase's series only."""
+    meta = body.get("metadata") or {}
+    old = _PHASE_LABELS.pop(uid, None)
+    new = None
+    if event.get("type") != "DELETED" and meta.get("name"):
+        new = (meta.get("namespace") or "", meta["name"], _PHASES[uid])
+        _PHASE_LABELS[uid] = new
+    if old and old != new:
+        with contextlib.suppress(KeyError):
+            TRAINING_PHASE.remove(*old)
+    if new:
+        TRAINING_PHASE.labels(*new).set(1)
 
 
 def _publish_restarts(event: Mapping[str, Any], body: Mapping[str, Any], uid: str) -> None:

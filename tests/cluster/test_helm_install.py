@@ -21,7 +21,8 @@ import yaml
 from test_lifecycle import small_training, wait_running
 from workloads import provision, status
 
-from control_plane import find_assets, free_port
+from control_plane import find_assets, free_port, versions
+from support.chart import GUIDES, MONITORING_APIS, helm_installs
 from support.cluster import OperatorProcess, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,19 +98,34 @@ def test_chart_install_runs_a_training_with_the_charts_rbac(live_cluster, live_n
 
 
 def test_helm_binary_lints_and_validates_values_against_the_schema(tmp_path):
+    # Offline, Helm checks Chart.yaml's kubeVersion against --kube-version (a helm built from Go
+    # modules would otherwise assume v1.20.0): the version the tests run.
+    offline = ["--kube-version", versions()["KUBERNETES_VERSION"]]
     linted = helm(None, tmp_path, "lint", str(CHART), "--strict", "--set", "icon=x")
     assert linted.returncode != 0 and "additional properties 'icon' not allowed" in linted.stdout + linted.stderr
     linted = helm(None, tmp_path, "lint", str(CHART))
     assert linted.returncode == 0, linted.stdout + linted.stderr
-    for values in ("values-eks.yaml", "values-gke.yaml"):
-        linted = helm(None, tmp_path, "lint", str(CHART), "-f", str(CHART / values))
+    monitoring = [f"--api-versions={api}" for api in MONITORING_APIS]
+    for cloud in ("eks", "gke"):
+        # The guide's command (docs/eks.md, docs/gke.md) installs; the cloud values alone, which name
+        # placeholder images, are refused, saying which value to set.
+        (install,) = [i for i in helm_installs(GUIDES[cloud]) if i.values_files]
+        linted = helm(None, tmp_path, "lint", str(CHART), *install.flags)
         assert linted.returncode == 0, linted.stdout + linted.stderr
-    wrong = helm(None, tmp_path, "template", "r", str(CHART), "--set", "replicaCount=two")
+        rendered = helm(None, tmp_path, "template", "r", str(CHART), *install.flags, *monitoring, *offline)
+        assert rendered.returncode == 0, rendered.stderr
+        refused = helm(None, tmp_path, "template", "r", str(CHART), "-f", str(CHART / f"values-{cloud}.yaml"),
+                       *monitoring, *offline)
+        assert refused.returncode != 0 and "image.repository is" in refused.stderr, refused.stderr
+        assert "are placeholders of values-eks.yaml/values-gke.yaml" in refused.stderr, refused.stderr
+    wrong = helm(None, tmp_path, "template", "r", str(CHART), "--set", "replicaCount=two", *offline)
     assert wrong.returncode != 0
     assert "at '/replicaCount': got string, want integer" in wrong.stderr, wrong.stderr
     # Offline (`helm template`), the JobSet check has no cluster to ask and lets everything through.
-    rendered = helm(None, tmp_path, "template", "r", str(CHART))
+    rendered = helm(None, tmp_path, "template", "r", str(CHART), *offline)
     assert rendered.returncode == 0, rendered.stderr
+    old = helm(None, tmp_path, "template", "r", str(CHART), "--kube-version", "v1.30.9")
+    assert old.returncode != 0 and "chart requires kubeVersion: >=1.31.0-0" in old.stderr, old.stderr
 
 
 @contextlib.contextmanager

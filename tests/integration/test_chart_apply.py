@@ -1,6 +1,6 @@
-"""charts/rosetta against a real kube-apiserver (v1.20, RBAC on): every rendered object is created
-and read back as sent, and the apiserver's authorizer confirms the operator's ServiceAccount may do
-what the handlers do and nothing more.
+"""charts/rosetta against a real kube-apiserver (the version tests/envtest/versions.env pins, RBAC on):
+every rendered object is created and read back as sent, and the apiserver's authorizer confirms the
+operator's ServiceAccount may do what the handlers do and nothing more.
 
 Each case renders the chart into a fresh namespace (the release namespace), so cluster-scoped names
 (ClusterRole rosetta-<namespace>, …) are unique; they are deleted afterwards. The Prometheus
@@ -16,7 +16,7 @@ from typing import Any, Iterator
 import pytest
 from kubernetes.client.rest import ApiException
 
-from support.chart import CHART, MONITORING_APIS, render
+from support.chart import CHART, GUIDES, MONITORING_APIS, helm_installs, render
 from support.cluster import Cluster
 
 pytestmark = pytest.mark.integration
@@ -96,8 +96,8 @@ class Applied:
         for crd in crds:
             name = crd["metadata"]["name"]
             if name == TT_CRD:
-                # Installed by the session: the chart's must be the same CRD (less the CEL rules, which
-                # a 1.20 apiserver drops).
+                # Installed by the session: the chart's must be the same CRD (compared without its CEL
+                # rules, which an apiserver older than 1.25 drops).
                 installed = self.cluster.api.sanitize_for_serialization(
                     self.cluster.ext.read_custom_resource_definition(name))
                 assert missing(without_cel(crd["spec"]), installed["spec"], "spec") == []
@@ -201,19 +201,28 @@ def assert_access(cluster: Cluster, sa_ns: str, sa: str, allowed: list, denied: 
 # ------------------------------------------------------------------------------------ tests
 
 
-@pytest.mark.parametrize("values_file", [None, CHART / "values-eks.yaml", CHART / "values-gke.yaml"],
-                         ids=["default", "eks", "gke"])
+def guide_install(cloud: str | None) -> tuple[list, dict]:
+    """(values files, --set values) of the guide's helm install (docs/eks.md, docs/gke.md): the cloud
+    values files alone name placeholder images, which the chart refuses."""
+    if cloud is None:
+        return [], {}
+    (install,) = [i for i in helm_installs(GUIDES[cloud]) if i.values_files]
+    assert install.values_files == [CHART / f"values-{cloud}.yaml"]
+    return install.values_files, install.values
+
+
+@pytest.mark.parametrize("cloud", [None, "eks", "gke"], ids=["default", "eks", "gke"])
 def test_cluster_wide_release_is_accepted_and_least_privilege(cluster: Cluster, monitoring_crds: None,
-                                                               applied: Applied, values_file):
+                                                               applied: Applied, cloud):
     release_ns = fresh_namespace(cluster, "rosetta-system")
     other_ns = fresh_namespace(cluster, "ml")
     try:
-        objects = render(values_files=[values_file] if values_file else [], namespace=release_ns,
-                         api_versions=MONITORING_APIS)
+        values_files, values = guide_install(cloud)
+        objects = render(values, values_files=values_files, namespace=release_ns, api_versions=MONITORING_APIS)
         created = applied.create(objects)
         kinds = {o["kind"] for o in created}
         assert {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment"} <= kinds
-        if values_file:
+        if cloud:
             assert set(MONITORING_KINDS) | {"ConfigMap"} <= kinds
 
         sa = "rosetta"
@@ -257,12 +266,15 @@ def test_single_namespace_release_is_confined_to_its_namespace(cluster: Cluster,
 
 
 def test_peering_objects_are_accepted(cluster: Cluster, applied: Applied):
-    """Two replicas: kopf's peering CRDs, the ClusterKopfPeering, and the rights kopf needs on it."""
+    """Two replicas: kopf's peering CRDs, the ClusterKopfPeering, the rights kopf needs on it, and
+    their PodDisruptionBudget."""
     release_ns = fresh_namespace(cluster, "rosetta-system")
     try:
         objects = render({"replicaCount": 2, "peering": {"name": f"rosetta-{release_ns}"}}, namespace=release_ns)
         created = applied.create(objects)
         (peering,) = [o for o in created if o["kind"] == "ClusterKopfPeering"]
+        # Two replicas: drains evict one at a time.
+        assert [o["kind"] for o in created].count("PodDisruptionBudget") == 1
         assert peering["metadata"]["name"] == f"rosetta-{release_ns}"
         # kopf writes its replicas' presence into the peering object's status: it must be kept.
         resource = applied.dyn.resources.get(api_version="kopf.dev/v1", kind="ClusterKopfPeering")

@@ -160,7 +160,9 @@ def test_promtool_checks_the_rules(promtool, tmp_path):
     assert f"SUCCESS: {len(ALERTS)} rules found" in checked.stdout
 
 
-def test_promtool_unit_tests_no_progress_restarts_and_operator_down(promtool, tmp_path):
+def test_promtool_unit_tests(promtool, tmp_path):
+    """alert_rules_test.yaml: a hang against a pause, restart budgets, failed trainings in two
+    namespaces (an alert each, with namespace and name), the operator down."""
     # The cases check which alerts fire with which labels; the annotations' wording is left out.
     groups = rule_groups()
     for group in groups:
@@ -171,3 +173,12 @@ def test_promtool_unit_tests_no_progress_restarts_and_operator_down(promtool, tm
     tested = subprocess.run([promtool, "test", "rules", RULE_TESTS.name], cwd=tmp_path, capture_output=True,
                             text=True, timeout=120)
     assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+def test_failed_alert_is_per_training_with_routing_labels():
+    """The promtool case of RosettaTrainingFailed is there, and checks namespace and name."""
+    cases = yaml.safe_load(RULE_TESTS.read_text())["tests"]
+    expected = [alert["exp_labels"] for case in cases for test in case["alert_rule_test"]
+                if test["alertname"] == "RosettaTrainingFailed" for alert in test["exp_alerts"]]
+    assert {(labels["namespace"], labels["name"]) for labels in expected} == {("ml", "first"), ("nlp", "second")}
+    assert all(labels["name"] == labels["training"] for labels in expected)

@@ -18,13 +18,16 @@ from rosetta_operator.render import BASE_LABELS
 from rosetta_operator.render import render as render_training
 from support.chart import (
     CHART,
+    GUIDES,
     MONITORING_APIS,
     OPERATOR_MANIFEST,
     REGENERATE,
     RenderError,
+    helm_installs,
     raw_manifest_text,
     raw_manifests,
     render,
+    render_install,
 )
 
 EKS = CHART / "values-eks.yaml"
@@ -128,7 +131,8 @@ def test_deployment_runs_rosetta_operator_cluster_wide():
     c = container(objects)
     assert c["image"] == "ghcr.io/rosetta-dev/rosetta-operator:0.1.0"
     assert c["command"] == ["rosetta", "operator"]
-    assert c["args"] == ["--all-namespaces", "--liveness-port=8080", "--metrics-port=8000"]
+    assert c["args"] == ["--all-namespaces", "--liveness-port=8080", "--metrics-port=8000", "--log-level=info",
+                         "--log-format=text"]
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"healthz": 8080, "metrics": 8000}
     for probe in (c["livenessProbe"], c["readinessProbe"]):
         assert probe["httpGet"] == {"path": "/healthz", "port": "healthz"}
@@ -143,10 +147,27 @@ def test_operator_flags_match_the_cli():
 
     parser = argparse.ArgumentParser()
     add_commands(parser.add_subparsers())
-    c = container(render({"watchNamespaces": ["ml", "nlp"], "operator": {"allowHostPath": True}}))
+    c = container(render({"watchNamespaces": ["ml", "nlp"], "operator": {"allowHostPath": True},
+                          "logging": {"level": "debug", "format": "json"}}))
     args = parser.parse_args(c["command"][1:] + c["args"])
     assert args.namespaces == ["ml", "nlp"] and not args.all_namespaces
     assert args.liveness_port == 8080 and args.metrics_port == 8000 and args.allow_host_path
+    assert args.log_level == "debug" and args.log_format == "json"
+
+
+@pytest.mark.parametrize("level", ["debug", "info", "warning", "error"])
+@pytest.mark.parametrize("format_", ["text", "json"])
+def test_logging_values_are_the_operators_log_flags(level, format_):
+    args = container(render({"logging": {"level": level, "format": format_}}))["args"]
+    assert args[-2:] == [f"--log-level={level}", f"--log-format={format_}"]
+
+
+@pytest.mark.parametrize("logging, message", [
+    ({"level": "verbose"}, "/logging/level"), ({"format": "xml"}, "/logging/format"),
+], ids=["level", "format"])
+def test_logging_values_outside_the_flags_choices_are_refused(logging, message):
+    with pytest.raises(RenderError, match=message):
+        render({"logging": logging})
 
 
 def test_security_context_is_non_root_read_only_without_capabilities():
@@ -306,6 +327,46 @@ def test_peering_in_single_namespace_mode_uses_a_kopfpeering_per_namespace():
         ("kopf.dev", "kopfpeerings", v) for v in ("get", "list", "watch", "patch")}
 
 
+def test_two_replicas_get_a_disruption_budget_and_spread_over_nodes():
+    objects = render({"replicaCount": 2})
+    deploy = one(objects, "Deployment")
+    selector = deploy["spec"]["selector"]["matchLabels"]
+    budget = one(objects, "PodDisruptionBudget")
+    assert budget["apiVersion"] == "policy/v1" and budget["metadata"]["namespace"] == "rosetta-system"
+    assert budget["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": selector}}
+    (term,) = deploy["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"] == {"topologyKey": "kubernetes.io/hostname",
+                                       "labelSelector": {"matchLabels": selector}}
+    assert selector.items() <= deploy["spec"]["template"]["metadata"]["labels"].items()
+    # One replica: a budget could only block drains, and there is nothing to spread.
+    single = render()
+    assert of_kind(single, "PodDisruptionBudget") == []
+    assert "affinity" not in one(single, "Deployment")["spec"]["template"]["spec"]
+    assert of_kind(render({"peering": {"enabled": True}}), "PodDisruptionBudget") == []
+
+
+def test_anti_affinity_keeps_the_users_affinity():
+    node = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["system"]}]}]}}}
+    affinity = one(render({"replicaCount": 2, "affinity": node}), "Deployment")["spec"]["template"]["spec"]["affinity"]
+    assert affinity["nodeAffinity"] == node["nodeAffinity"] and "podAntiAffinity" in affinity
+    own = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"topologyKey": "topology.kubernetes.io/zone", "labelSelector": {"matchLabels": {"a": "b"}}}]}}
+    assert one(render({"replicaCount": 2, "affinity": own}), "Deployment")["spec"]["template"]["spec"][
+        "affinity"] == own
+
+
+def test_extra_labels_cannot_replace_the_charts_own():
+    objects = render({"podLabels": {"team": "ml", "app.kubernetes.io/component": "other"}})
+    labels = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert labels["team"] == "ml" and labels["app.kubernetes.io/component"] == "operator"
+    monitors = render({"monitoring": {"serviceMonitor": {"enabled": True, "labels": {
+        "release": "kps", "app.kubernetes.io/name": "other"}}}}, api_versions=MONITORING_APIS)
+    labels = one(monitors, "ServiceMonitor")["metadata"]["labels"]
+    assert labels["release"] == "kps" and labels["app.kubernetes.io/name"] == "rosetta"
+
+
 def test_no_peering_by_default():
     objects = render()
     assert not [a for a in container(objects)["args"] if a.startswith("--peering")]
@@ -374,7 +435,9 @@ def test_alerts():
     assert "rosetta_world_size" in rules["RosettaTrainingNoProgress"]["expr"]
     assert "rosetta_loss != rosetta_loss" in rules["RosettaTrainingLossNaN"]["expr"]
     assert "rosetta_restarts[1h]" in rules["RosettaTrainingRestarting"]["expr"]
-    assert rules["RosettaTrainingFailed"]["expr"] == 'max by (phase) (rosetta_operator_trainings{phase="Failed"}) > 0'
+    assert 'max by (namespace, training) (rosetta_operator_training_phase{phase="Failed"}) == 1' in \
+        rules["RosettaTrainingFailed"]["expr"]
+    assert '"name", "$1", "training", "(.*)"' in rules["RosettaTrainingFailed"]["expr"]
     # Prometheus' own templating survives Helm's.
     assert "{{ $labels.training }}" in rules["RosettaTrainingNoProgress"]["annotations"]["summary"]
     for rule in rules.values():
@@ -429,9 +492,11 @@ def test_dashboard_files():
     assert {p["title"] for p in gpu["panels"]} >= {
         "Step time breakdown", "Tokens/s per node", "Is the network the bottleneck?", "GPU utilisation",
         "Tensor-core activity", "GPU memory", "NVLink bytes/s", "PCIe bytes/s", "Network bytes/s per node"}
-    for path in (CHART / "dashboards" / "gpu-and-network.json", CHART / "dashboards" / "training-overview.json"):
+    for path in DASHBOARDS:
         for panel in json.loads(path.read_text())["panels"]:
-            assert panel["description"], (path.name, panel["title"])
+            # A sentence that says what the panel shows, not an empty string or its title again.
+            description = panel.get("description", "")
+            assert len(description.split()) >= 5 and description != panel["title"], (path.name, panel["title"])
 
 
 def promql_of_dashboards() -> list[str]:
@@ -467,24 +532,25 @@ def test_every_metric_in_dashboards_and_alerts_is_exposed():
 # ------------------------------------------------------------------------------ clouds
 
 
-@pytest.mark.parametrize("values,registry,annotation", [
-    (EKS, ".dkr.ecr.", "eks.amazonaws.com/role-arn"),
-    (GKE, "-docker.pkg.dev/", "iam.gke.io/gcp-service-account"),
-], ids=["eks", "gke"])
-def test_cloud_values(values, registry, annotation):
+@pytest.mark.parametrize("cloud,registry", [("eks", ".dkr.ecr."), ("gke", "-docker.pkg.dev/")])
+def test_cloud_values(cloud, registry):
+    """The cloud values with the helm install command of docs/eks.md and docs/gke.md (whose images
+    test_chart_images.py checks)."""
+    (install,) = [i for i in helm_installs(GUIDES[cloud]) if i.values_files]
+    assert [p.name for p in install.values_files] == [f"values-{cloud}.yaml"]
     with pytest.raises(RenderError, match="needs the Prometheus operator's"):
-        render(values_files=[values])
-    objects = render(values_files=[values], api_versions=MONITORING_APIS)
+        render_install(install, api_versions=())
+    objects = render_install(install)
     c = container(objects)
     assert registry in c["image"]
-    assert annotation in one(objects, "ServiceAccount")["metadata"]["annotations"]
+    assert "annotations" not in one(objects, "ServiceAccount")["metadata"]
     pod = one(objects, "Deployment")["spec"]["template"]["spec"]
     assert pod["nodeSelector"] and pod["tolerations"]
     for kind in ("PodMonitor", "ServiceMonitor", "PrometheusRule"):
         assert one(objects, kind)["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     assert len(of_kind(objects, "ConfigMap")) == len(DASHBOARDS)
     # Everything else is as by default.
-    assert c["args"] == ["--all-namespaces", "--liveness-port=8080", "--metrics-port=8000"]
+    assert c["args"] == container(render())["args"]
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
 
 

@@ -92,3 +92,28 @@ def test_restart_gauges_follow_each_training_and_go_with_it():
     assert REGISTRY.get_sample_value("rosetta_operator_training_restarts", {"namespace": "ml", "training": "r1"}) \
         is None
     operator_metrics._PHASES.clear()
+
+
+def test_training_phase_gauge_is_one_series_per_training_that_follows_its_phase():
+    def event(name, namespace="ml", type_="MODIFIED", phase=None):
+        body = {"metadata": {"name": name, "namespace": namespace}}
+        if phase:
+            body["status"] = {"phase": phase}
+        operator_metrics.count_phases(event={"type": type_}, body=body, uid=f"{namespace}/{name}")
+
+    def phases(name, namespace="ml"):
+        return {s.labels["phase"]: s.value for family in REGISTRY.collect()
+                if family.name == "rosetta_operator_training_phase" for s in family.samples
+                if s.labels["training"] == name and s.labels["namespace"] == namespace}
+
+    event("p1")
+    assert phases("p1") == {"Unknown": 1}
+    event("p1", phase="Running")
+    assert phases("p1") == {"Running": 1}
+    event("p1", phase="Failed")
+    event("p1", namespace="nlp", phase="Failed")  # the same name elsewhere is another training
+    assert phases("p1") == {"Failed": 1} and phases("p1", "nlp") == {"Failed": 1}
+    event("p1", type_="DELETED", phase="Failed")
+    assert phases("p1") == {} and phases("p1", "nlp") == {"Failed": 1}
+    operator_metrics.reset_phase_gauges()
+    assert phases("p1", "nlp") == {}

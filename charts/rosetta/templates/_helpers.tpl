@@ -21,13 +21,29 @@
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
-{{/* Labels of every object. */}}
-{{- define "rosetta.labels" -}}
+{{/* Labels of every object but the component, which each object states once (a key given twice
+     is a duplicate that strict YAML parsers refuse). */}}
+{{- define "rosetta.commonLabels" -}}
 helm.sh/chart: {{ include "rosetta.chart" . }}
-{{ include "rosetta.selectorLabels" . }}
+app.kubernetes.io/name: {{ include "rosetta.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: rosetta
+{{- end }}
+
+{{/* Labels of every object of the release. */}}
+{{- define "rosetta.labels" -}}
+{{ include "rosetta.commonLabels" . }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* The chart's labels plus a user's extra ones, as one mapping: a user's label of the same key is
+     dropped rather than written twice, and cannot move the operator's pods out of their selector.
+     Arguments: (list CONTEXT EXTRA-LABELS). */}}
+{{- define "rosetta.labelsWith" -}}
+{{- $ctx := index . 0 }}
+{{- toYaml (merge (include "rosetta.labels" $ctx | fromYaml) (index . 1 | default dict)) }}
 {{- end }}
 
 {{/* The operator's pods. The component label keeps them apart from training pods, which carry
@@ -43,6 +59,65 @@ app.kubernetes.io/component: operator
 {{- default (include "rosetta.fullname" .) .Values.serviceAccount.name }}
 {{- else }}
 {{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* Fail, naming the value and what to set, when an image reference could not be pulled as
+     written: a placeholder of values-eks.yaml or values-gke.yaml left in, or not a repository a
+     container runtime accepts. Either would otherwise surface only later, as InvalidImageName on the
+     operator's pod or, for the trainer image, on the pods of every training without spec.image.
+     Arguments: (list VALUE REPOSITORY WHAT-TO-SET EXAMPLE). */}}
+{{- define "rosetta.checkRepository" -}}
+{{- $value := index . 0 }}{{- $repository := index . 1 }}{{- $what := index . 2 }}{{- $example := index . 3 }}
+{{- $placeholders := list }}
+{{- range regexSplit "[^A-Za-z0-9]+" $repository -1 }}
+{{- if has . (list "ACCOUNT" "REGION" "PROJECT" "REPO") }}{{ $placeholders = append $placeholders . | uniq }}{{ end }}
+{{- end }}
+{{- if $placeholders }}
+{{- $are := ternary "is a placeholder" "are placeholders" (eq (len $placeholders) 1) }}
+{{- fail (printf "%s is %q: %s %s of values-eks.yaml/values-gke.yaml, not part of an image name. Set %s to %s, e.g. --set %s=%s (build_and_push.sh prints the names it pushed; the helm install commands of docs/eks.md and docs/gke.md set both images)." $value $repository (join ", " $placeholders) $are $value $what $value $example) }}
+{{- end }}
+{{- /* Docker's reference grammar, lowercase throughout: an optional registry host[:port], then
+       path components of lowercase letters and digits joined by ., _, __ or dashes. */}}
+{{- $host := `[a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*(?::[0-9]+)?` }}
+{{- $component := `[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*` }}
+{{- if not (regexMatch (printf "^(?:%s/)?%s(?:/%s)*$" $host $component $component) $repository) }}
+{{- $form := ternary ", without a tag or digest (the tag is a value of its own)" "" (hasSuffix ".repository" $value) }}
+{{- fail (printf "%s is %q, which is not an image repository a container runtime accepts: lowercase letters and digits, path components joined by /, an optional registry host[:port] first%s. Set %s to %s, e.g. --set %s=%s." $value $repository $form $value $what $value $example) }}
+{{- end }}
+{{- end }}
+
+{{/* A tag as Docker reads one. Arguments: (list VALUE TAG EXAMPLE). */}}
+{{- define "rosetta.checkTag" -}}
+{{- $value := index . 0 }}{{- $tag := index . 1 }}
+{{- if not (regexMatch `^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$` $tag) }}
+{{- fail (printf "%s has the tag %q, which is not an image tag: up to 128 letters, digits, _, . and -, not starting with . or -. Set it to the tag you pushed, e.g. %s." $value $tag (index . 2)) }}
+{{- end }}
+{{- end }}
+
+{{/* Every image reference of the values, checked before anything is rendered from them. */}}
+{{- define "rosetta.checkImages" -}}
+{{- include "rosetta.checkRepository" (list "image.repository" .Values.image.repository "the operator image you pushed" "ghcr.io/my-org/rosetta-operator") }}
+{{- with .Values.image.tag }}{{ include "rosetta.checkTag" (list "image.tag" . $.Chart.AppVersion) }}{{ end }}
+{{- include "rosetta.checkRepository" (list "trainer.image.repository" .Values.trainer.image.repository "the trainer image you pushed" "ghcr.io/my-org/rosetta-trainer") }}
+{{- with .Values.trainer.image.tag }}{{ include "rosetta.checkTag" (list "trainer.image.tag" . $.Chart.AppVersion) }}{{ end }}
+{{- with .Values.helmTest.image }}
+{{- $reference := . }}
+{{- $digest := "" }}
+{{- if contains "@" $reference }}
+{{- $digest = regexReplaceAll "^[^@]*@" $reference "" }}
+{{- $reference = regexReplaceAll "@.*$" $reference "" }}
+{{- end }}
+{{- $tag := "" }}
+{{- if regexMatch ":[^/]*$" $reference }}
+{{- $tag = regexReplaceAll "^.*:" $reference "" }}
+{{- $reference = regexReplaceAll ":[^:/]*$" $reference "" }}
+{{- end }}
+{{- include "rosetta.checkRepository" (list "helmTest.image" $reference "an image with python3 that the nodes can pull" "python:3.11-slim") }}
+{{- with $tag }}{{ include "rosetta.checkTag" (list "helmTest.image" . "python:3.11-slim") }}{{ end }}
+{{- if and $digest (not (regexMatch `^[a-z0-9]+(?:[+._-][a-z0-9]+)*:[0-9a-f]{32,}$` $digest)) }}
+{{- fail (printf "helmTest.image has the digest %q, which is not one: ALGORITHM:HEX, e.g. sha256: and 64 hex digits." $digest) }}
+{{- end }}
 {{- end }}
 {{- end }}
 
