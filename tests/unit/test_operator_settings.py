@@ -19,8 +19,10 @@ from kubernetes.config import kube_config
 from rosetta_contract.resource import Phase
 from rosetta_contract.spec import parse_spec
 from rosetta_operator import handlers
+from rosetta_operator import status as st
 from rosetta_operator.render import render
 from support.cel_cases import BASE, SHARED_CHECKPOINTS
+from support.handler_api import NAME, api, memo, reconcile, training, warnings  # noqa: F401 - fixtures
 
 SPEC = {**copy.deepcopy(BASE), "nodes": 2, "volumes": SHARED_CHECKPOINTS}  # the smallest valid spec on two nodes
 
@@ -107,3 +109,58 @@ def test_render_parses_and_writes_yaml_with_libyaml(monkeypatch: pytest.MonkeyPa
 
     assert rendered.jobset["kind"] == "JobSet" and rendered.configmap["kind"] == "ConfigMap"
     assert pure == []
+
+
+# ------------------------------------------------------------------------------- events
+# Each is an object in etcd: one per situation, not one per retry, restart or log line.
+
+
+def posted_as_event(settings: kopf.OperatorSettings, level: int) -> bool:
+    """Whether kopf turns a handler's log record at `level` into an event (reason Logging)."""
+    from kopf._core.engines.posting import K8sPoster
+
+    record = logging.LogRecord("kopf.objects", level, __file__, 0, "progress: timed out", None, None)
+    record.settings, record.k8s_skip = settings, False
+    record.k8s_ref = {"apiVersion": "rosetta.dev/v1alpha1", "kind": "TranslationTraining", "name": "mt",
+                      "namespace": "team", "uid": "uid-mt"}
+    return K8sPoster().filter(record)
+
+
+def test_log_lines_stay_in_the_log(configured):
+    # A quota-blocked create logs each retry, the progress daemon each failed scrape.
+    assert not any(posted_as_event(configured, level) for level in (logging.WARNING, logging.ERROR))
+    # What kopf before 1.44 did with them: the check above would see it.
+    posting_logs = kopf.OperatorSettings()
+    posting_logs.posting.loggers, posting_logs.posting.level = True, configured.posting.level
+    assert posted_as_event(posting_logs, logging.ERROR)
+    # The explicit Warnings still go out.
+    assert configured.posting.enabled and configured.posting.level <= logging.WARNING
+
+
+def test_an_invalid_spec_is_one_warning_until_it_is_edited(api, warnings):
+    host_path = {"name": "scratch", "mountPath": "/scratch", "hostPath": {"path": "/var/tmp"}}
+    tt = training(api, volumes=[*SHARED_CHECKPOINTS, host_path])
+    m = memo(api)
+    for _ in range(3):  # created, then resumed by two operator restarts
+        reconcile(api, m)
+    assert [w["reason"] for w in warnings] == ["InvalidSpec"]
+    assert "spec.volumes[1].hostPath" in warnings[0]["message"]
+
+    tt = api.get("translationtrainings", NAME)
+    tt["metadata"]["generation"] = 2  # an edit that is still invalid: the user hears of it again
+    api.put("translationtrainings", tt)
+    reconcile(api, m)
+    assert [w["reason"] for w in warnings] == ["InvalidSpec"] * 2
+
+
+def test_a_refused_spec_change_is_one_warning(api, warnings):
+    training(api)
+    m = memo(api)
+    reconcile(api, m)
+    tt = api.get("translationtrainings", NAME)
+    tt["metadata"]["generation"], tt["spec"]["nodes"] = 2, 4
+    api.put("translationtrainings", tt)
+    for _ in range(3):
+        status = reconcile(api, m)["status"]
+    assert st.condition(status, st.ConditionType.SPEC_APPLIED)["reason"] == "SpecChangeRefused"
+    assert [w["reason"] for w in warnings] == ["SpecChangeRefused"]
