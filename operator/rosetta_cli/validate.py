@@ -19,8 +19,11 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p = sub.add_parser("validate", help="check a TranslationTraining file as the operator would, "
                                          "and its data files when they are on this machine")
     add_document_arguments(p)
+    p.add_argument("-n", "--namespace", help="namespace whose policy rules apply (default: metadata.namespace "
+                                             "or 'default')")
     add_host_path_argument(p)
-    add_policy_argument(p, "check the file against this admin policy (YAML), as the operator would")
+    add_policy_argument(p, "check the file against this admin policy (YAML), as the operator would; "
+                           "default: the operator's default policy")
     p.add_argument("--skip-data", action="store_true", help="do not read the data files")
     p.set_defaults(func=run)
 

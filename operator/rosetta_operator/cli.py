@@ -34,7 +34,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     add_document_arguments(p)
     p.add_argument("-n", "--namespace", help="namespace (default: metadata.namespace or 'default')")
     add_host_path_argument(p)
-    add_policy_argument(p, "refuse, as the operator would, what this admin policy (YAML) does not allow")
+    add_policy_argument(p, "refuse, as the operator would, what this admin policy (YAML) does not allow; "
+                           "default: the operator's default policy")
     p.set_defaults(func=_cmd_render)
 
     p = sub.add_parser("run", help="run a TranslationTraining's pods as local processes (no cluster needed)")
@@ -47,6 +48,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--quiet", action="store_true", help="pod logs only to the log files, not the terminal")
     p.set_defaults(func=_cmd_run)
 
+    from rosetta_operator.main import LOG_FORMATS, LOG_LEVELS  # kopf itself only once it runs
+
     p = sub.add_parser("operator", help="run the Kubernetes operator (kopf)")
     p.add_argument("--namespace", action="append", default=[], dest="namespaces", metavar="NS",
                    help="watch this namespace (repeatable); default: the whole cluster")
@@ -54,8 +57,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--liveness-port", type=int, default=8080, help="port of the /healthz endpoint")
     add_host_path_argument(p)
     p.add_argument("--metrics-port", type=int, default=8000, help="port of the operator's Prometheus metrics")
-    add_policy_argument(p, "admin policy (YAML): registries, ServiceAccounts, priority classes, tolerations, "
-                            "host paths, nodes and GPUs a training may use (docs/operator.md, Security)")
+    add_policy_argument(p, "admin policy (YAML), cluster-wide and per namespace: registries, ServiceAccounts, "
+                            "priority classes, queues, tolerations, nodes, host paths, GPUs, CPU and memory a "
+                            "training may use (docs/operator.md, Security); default: the default policy")
     p.add_argument("--peering", metavar="NAME",
                    help="coordinate replicas through this KopfPeering (installed by the Helm chart); "
                         "default: standalone, one replica")
@@ -64,6 +68,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--default-image", metavar="IMAGE",
                    help="trainer image of a training without spec.image (default: $ROSETTA_DEFAULT_IMAGE, "
                         "else the spec's own default)")
+    p.add_argument("--log-level", choices=list(LOG_LEVELS), default="info",
+                   help="the least severe log records written")
+    p.add_argument("--log-format", choices=LOG_FORMATS, default="text",
+                   help="text lines, or one JSON object per line (time, level, logger, message, and the "
+                        "object a record is about)")
     p.set_defaults(func=_cmd_operator)
 
     from rosetta_operator.verbs import add_verbs
@@ -72,18 +81,24 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 
 def load_and_render(args: argparse.Namespace) -> tuple[TranslationTraining, Rendered]:
-    """The file's training, refused as the operator would refuse it, and what the operator would create."""
-    from rosetta_contract.spec import load_training
-    from rosetta_operator.policy import PolicyViolation, load_policy, violations
+    """The file's training, refused as the operator would refuse it (without --policy: as one with
+    the default policy), and what the operator would create."""
+    from rosetta_contract.documents import apply_overrides, read_yaml
+    from rosetta_contract.spec import parse_training
+    from rosetta_operator.policy import PolicyViolation, load_policy, rules_for, violations
     from rosetta_operator.render import render
 
     policy = load_policy(args.policy) if args.policy else None
-    allow_host_path = args.allow_host_path or bool(policy and policy.allows_host_path)
-    training = load_training(args.file, args.overrides, allow_host_path=allow_host_path)
-    forbidden = violations(training.spec, policy) if policy else []
+    raw = apply_overrides(read_yaml(args.file), args.overrides, args.file)
+    # The namespace picks the policy's rules, whether hostPath volumes may be read at all included.
+    metadata = raw.get("metadata") if isinstance(raw, dict) else None
+    written = metadata.get("namespace") if isinstance(metadata, dict) else None
+    namespace = getattr(args, "namespace", None) or (written if isinstance(written, str) and written else "default")
+    allow_host_path = args.allow_host_path or rules_for(policy, namespace).allows_host_path
+    training = parse_training(raw, args.file, allow_host_path=allow_host_path)
+    forbidden = violations(training.spec, policy, namespace)
     if forbidden:
-        raise PolicyViolation(forbidden, args.file, args.policy)
-    namespace = getattr(args, "namespace", None) or training.metadata.namespace or "default"
+        raise PolicyViolation(forbidden, args.file, args.policy, default=policy is None)
     return training, render(training.metadata.name, namespace, training.spec)
 
 

@@ -14,6 +14,7 @@ from rosetta_operator.render import (
     CONFIG_DIR,
     CONFIG_KEY,
     DISRUPTION_TARGET,
+    KUEUE_QUEUE_LABEL,
     _render_template,
     container_security_context,
     label_value,
@@ -82,9 +83,16 @@ def render_evaluation_job(name: str, namespace: str, spec: TranslationTrainingSp
     spec.evaluation.afterTraining. The training pod's volumes, image and security context, no GPU,
     none of the gang's scheduling (its node selector and tolerations are for GPU nodes).
     In mode evaluate it is the whole run: the pretrained model on gpusPerNode GPUs (or the CPU),
-    with the pod's resources and scheduling."""
+    with the pod's resources and scheduling, queued like a JobSet when scheduling.queueName is set.
+    The handlers build it only from a spec that the admin's policy allows (policy.py)."""
     if spec.mode == "evaluate":
-        return _render_evaluation_job(name, namespace, spec, owner, *_evaluate_mode_pod(spec))
+        job = _render_evaluation_job(name, namespace, spec, owner, *_evaluate_mode_pod(spec))
+        if spec.scheduling.queue_name:
+            # The whole run, on GPUs: it waits for Kueue to admit it, as a training's JobSet does, so
+            # that a policy's requireQueue holds for it too. Kueue reads the Job's own label.
+            job["metadata"]["labels"][KUEUE_QUEUE_LABEL] = spec.scheduling.queue_name
+            job["spec"]["suspend"] = True
+        return job
     after = spec.evaluation.after_training
     if after is None:
         return None

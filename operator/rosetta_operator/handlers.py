@@ -48,7 +48,7 @@ import prometheus_client
 from kubernetes.client.exceptions import ApiException
 
 from rosetta_contract.resource import API_VERSION, GROUP, KIND, PLURAL, VERSION, Phase
-from rosetta_contract.spec import TranslationTrainingSpec, parse_training
+from rosetta_contract.spec import TranslationTrainingSpec, parse_spec, parse_training
 from rosetta_contract.strict_model import ConfigError
 from rosetta_operator import evaluation_status as es
 from rosetta_operator import policy as pol
@@ -83,7 +83,7 @@ from rosetta_operator.applied_spec import (
     with_default_image,
     without_mutable,
 )
-from rosetta_operator.evaluation_job import EVALUATION_LABEL, required_evaluation_job
+from rosetta_operator.evaluation_job import EVALUATION_LABEL, evaluation_job_name, required_evaluation_job
 from rosetta_operator.event_memory import Decisions, OwnCreations
 from rosetta_operator.observation import jobset_finished, observe
 from rosetta_operator.operator_metrics import (
@@ -129,7 +129,11 @@ ACTIVE_PHASES = frozenset({Phase.RUNNING, Phase.RESTARTING})
 @kopf.on.startup()  # type: ignore[arg-type]  # kopf's protocol types are narrower than its calls
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     """All operator tuning, in one place."""
-    # Handler successes would otherwise become a Normal event per change; ours are explicit.
+    # Events are posted explicitly, one per situation (the Warnings below, when a condition says
+    # something new); log lines stay in the log. kopf before 1.44 also posted every per-object log
+    # line as an event (reason Logging): one per retry of a quota-blocked create, one per failed
+    # progress scrape, and a second Warning beside each InvalidSpec.
+    settings.posting.loggers = False
     settings.posting.level = logging.WARNING
     # The CRD schema is structural: kopf's default status.kopf bookkeeping would be silently pruned,
     # and its "touch" patches (to wake itself up) would then never arrive. Annotations are kept.
@@ -185,7 +189,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
         prometheus_client.start_http_server(memo.metrics_port)
     logger.info("rosetta operator configured (allow_host_path=%s, progress_interval=%ss, policy: %s)",
                 memo.allow_host_path, memo.progress_interval,
-                "none" if memo.policy is None else ", ".join(memo.policy.limits()) or "no limits")
+                # No --policy still limits: the defaults apply (policy.py).
+                ", ".join((memo.policy or pol.Policy()).limits()) or "no limits")
 
 
 @kopf.on.cleanup()
@@ -211,8 +216,11 @@ def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str, uid: 
                 "metadata": {"name": name, "namespace": namespace},
                 "spec": with_default_image(spec, memo.get("default_image"))}
     try:
-        training = parse_training(document, allow_host_path=memo.allow_host_path)
-        forbidden = pol.violations(training.spec, memo.policy) if memo.get("policy") else []
+        # Without --policy the default policy applies; a namespace's entry may allow hostPath volumes.
+        policy = memo.get("policy")
+        allow_host_path = memo.allow_host_path or pol.rules_for(policy, namespace).allows_host_path
+        training = parse_training(document, allow_host_path=allow_host_path)
+        forbidden = pol.violations(training.spec, policy, namespace)
         if forbidden:
             record_outcome("forbidden")
             report_invalid(api, body, forbidden, logger, reason=st.Reason.FORBIDDEN_BY_POLICY)
@@ -260,7 +268,6 @@ def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str, uid: 
     if refused:
         spec_applied = st.Cond(st.ConditionType.SPEC_APPLIED, st.FALSE, st.Reason.SPEC_CHANGE_REFUSED,
                                st.refused_message(refused))
-        kopf.warn(body, reason=st.Reason.SPEC_CHANGE_REFUSED, message=spec_applied.message)
     else:
         spec_applied = st.Cond(st.ConditionType.SPEC_APPLIED, st.TRUE, st.Reason.SPEC_IN_SYNC)
     suspend = suspend_patch(jobset, training.spec.suspend)
@@ -291,8 +298,11 @@ def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str, uid: 
                           f"JobSet {jobset_name}, ConfigMap {rendered.names.configmap}"),
                   spec_applied)
     known = first_attempt_only(jobset)
+    news = False  # a refusal that the status does not say yet
 
     def compute(parent: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
+        nonlocal news
+        news = bool(refused) and not said(current, spec_applied, generation)
         desired = observe(api, namespace, jobset_name, parent, current, known())
         desired.update(fixed)
         desired["conditions"] = st.upsert_conditions(desired.get("conditions") or [], conditions,
@@ -300,6 +310,8 @@ def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str, uid: 
         return desired
 
     write_status(api, namespace, name, uid, compute, parent=body)
+    if news:
+        kopf.warn(body, reason=st.Reason.SPEC_CHANGE_REFUSED, message=spec_applied.message)
 
 
 def reconcile_evaluation(api: kubernetes.client.ApiClient, body: kopf.Body, spec: TranslationTrainingSpec,
@@ -350,10 +362,18 @@ def reconcile_evaluation(api: kubernetes.client.ApiClient, body: kopf.Body, spec
     write_status(api, namespace, name, uid, compute, parent=body)
 
 
+def said(current: Mapping[str, Any], cond: st.Cond, generation: Optional[int]) -> bool:
+    """Whether the status already says `cond` about this generation: the situation its Warning
+    event was posted for, so an operator restart (resume) or a retry posts none again."""
+    before = st.condition(current, cond.type) or {}
+    return (before.get("status"), before.get("reason"), before.get("message"), before.get("observedGeneration")) \
+        == (cond.status, cond.reason, cond.message, generation)
+
+
 def report_invalid(api: kubernetes.client.ApiClient, body: kopf.Body, errors: list[tuple[str, str]],
                    logger: logging.Logger, reason: str = st.Reason.INVALID_SPEC) -> None:
     """A spec that can never work (InvalidSpec) or may not run here (ForbiddenByPolicy): say which
-    field and why, in status and as a Warning event.
+    field and why, in status and, when the status did not say so already, as a Warning event.
 
     Not a raised kopf.PermanentError: that would mark the handler failed for good, and the next
     edit that fixes the spec must still be reconciled. A JobSet that already runs keeps running:
@@ -362,13 +382,15 @@ def report_invalid(api: kubernetes.client.ApiClient, body: kopf.Body, errors: li
     message = st.invalid_spec_message(errors)
     logger.warning("%s: %s", "forbidden by policy" if reason == st.Reason.FORBIDDEN_BY_POLICY else "invalid spec",
                    message)
-    kopf.warn(body, reason=reason, message=message)
     generation = body.metadata.get("generation")
     name, namespace = body.metadata["name"], body.metadata["namespace"]
     jobset_name = (body.get("status") or {}).get("jobSetName")
+    invalid = st.Cond(st.ConditionType.VALID, st.FALSE, reason, message)
+    news = False
 
     def compute(parent: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
-        invalid = st.Cond(st.ConditionType.VALID, st.FALSE, reason, message)
+        nonlocal news
+        news = not said(current, invalid, generation)
         if jobset_name and get_jobset(api, namespace, jobset_name) is not None:
             desired = dict(current)
             updates = (invalid, st.Cond(st.ConditionType.SPEC_APPLIED, st.FALSE, reason, message))
@@ -381,6 +403,8 @@ def report_invalid(api: kubernetes.client.ApiClient, body: kopf.Body, errors: li
         return desired
 
     write_status(api, namespace, name, body.metadata["uid"], compute, parent=body)
+    if news:
+        kopf.warn(body, reason=reason, message=message)
 
 
 def report_refused(api: kubernetes.client.ApiClient, body: kopf.Body, message: str, reason: str,
@@ -391,15 +415,14 @@ def report_refused(api: kubernetes.client.ApiClient, body: kopf.Body, message: s
     logger.warning("%s", message)
     generation = body.metadata.get("generation")
     name, namespace = body.metadata["name"], body.metadata["namespace"]
-    news: list[bool] = [True]
+    created = st.Cond(st.ConditionType.CREATED, st.FALSE, reason, message)
+    news = False
     final = reason != st.Reason.QUOTA_EXCEEDED
 
     def compute(parent: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
-        before = st.condition(current, st.ConditionType.CREATED) or {}
-        news[:] = [not (before.get("reason") == reason and before.get("message") == message
-                        and before.get("observedGeneration") == generation)]
-        updates = [st.Cond(st.ConditionType.VALID, st.TRUE, st.Reason.SPEC_VALID),
-                   st.Cond(st.ConditionType.CREATED, st.FALSE, reason, message)]
+        nonlocal news
+        news = not said(current, created, generation)
+        updates = [st.Cond(st.ConditionType.VALID, st.TRUE, st.Reason.SPEC_VALID), created]
         if final:
             updates.append(st.Cond(st.ConditionType.FAILED, st.TRUE, reason, message))
         desired = {**current, "phase": Phase.FAILED if final else Phase.PENDING, "message": message,
@@ -409,7 +432,7 @@ def report_refused(api: kubernetes.client.ApiClient, body: kopf.Body, message: s
         return desired
 
     write_status(api, namespace, name, body.metadata["uid"], compute, parent=body)
-    if news[0]:
+    if news:
         kopf.warn(body, reason=reason, message=message)
 
 
@@ -433,7 +456,7 @@ def jobset_changed(event: Mapping[str, Any], body: kopf.Body, namespace: str, me
 
     evaluation = None
     if jobset is not None and st.jobset_succeeded(jobset):
-        evaluation = start_evaluation(api, namespace, owner, jobset)
+        evaluation = start_evaluation(api, namespace, owner, jobset, memo)
 
     def compute(parent: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
         desired = observe(api, namespace, jobset_name, parent, current, jobset)
@@ -450,18 +473,28 @@ def jobset_changed(event: Mapping[str, Any], body: kopf.Body, namespace: str, me
 
 
 def start_evaluation(api: kubernetes.client.ApiClient, namespace: str, owner: Mapping[str, Any],
-                     jobset: Mapping[str, Any]) -> Optional[tuple[dict[str, Any], st.Cond]]:
+                     jobset: Mapping[str, Any], memo: kopf.Memo) -> Optional[tuple[dict[str, Any], st.Cond]]:
     """Create the evaluation Job of a succeeded training with spec.evaluation.afterTraining, once:
     its name is fixed, so a second call (another JobSet event, an operator restart) finds it (409).
     A training whose evaluation already finished gets none again, even if its Job was deleted.
-    Returns status.evaluation and its condition for a Job just created, else None."""
-    spec = parsed_spec(applied_spec_of(jobset, {}))  # what the training ran with
+    Returns status.evaluation and its condition for a Job just created or refused, else None."""
+    applied = applied_spec_of(jobset, {})  # what the training ran with
+    spec = parsed_spec(applied)
     if spec is None or spec.evaluation.after_training is None:
         return None
     training = get_training(api, namespace, owner["name"])
     if training is None or training["metadata"]["uid"] != owner["uid"] or (training.get("status") or {}).get("evaluation"):
         return None
-    job = required_evaluation_job(owner["name"], namespace, spec, owner=dict(owner))
+    checkpoint = spec.evaluation.after_training.checkpoint
+    judged, problems, reason = judged_again(applied, namespace, memo)
+    if judged is None or problems:
+        message = st.invalid_spec_message(problems)
+        kopf.warn(cast(kopf.Body, training), reason=reason,
+                  message=st.truncate(f"no evaluation Job {evaluation_job_name(owner['name'])}: {message}"))
+        return ({"phase": es.EvaluationPhase.FAILED, "jobName": evaluation_job_name(owner["name"]),
+                 "checkpoint": checkpoint, "message": message},
+                st.Cond(st.ConditionType.EVALUATED, st.FALSE, reason, message))
+    job = required_evaluation_job(owner["name"], namespace, judged, owner=dict(owner))
     batch = kubernetes.client.BatchV1Api(api)
     try:
         batch.create_namespaced_job(namespace, job)  # type: ignore[arg-type]  # a dict body is sent as is
@@ -483,9 +516,23 @@ def start_evaluation(api: kubernetes.client.ApiClient, namespace: str, owner: Ma
             kopf.warn(cast(kopf.Body, training), reason=st.Reason.EVALUATION_FAILED,
                       message=st.truncate(f"the API refused Job {job['metadata']['name']}: {refusal.message}"))
             return ({"phase": es.EvaluationPhase.FAILED, "jobName": job["metadata"]["name"],
-                     "checkpoint": spec.evaluation.after_training.checkpoint, "message": refusal.message},
+                     "checkpoint": checkpoint, "message": refusal.message},
                     st.Cond(st.ConditionType.EVALUATED, st.FALSE, st.Reason.EVALUATION_FAILED, refusal.message))
-    return es.pending_evaluation(job["metadata"]["name"], spec.evaluation.after_training.checkpoint)
+    return es.pending_evaluation(job["metadata"]["name"], checkpoint)
+
+
+def judged_again(applied: Mapping[str, Any], namespace: str,
+                 memo: kopf.Memo) -> tuple[Optional[TranslationTrainingSpec], list[tuple[str, str]], str]:
+    """The spec a finished training ran with, judged as a new training's is, before anything more is
+    created from it: (the spec or None, what is wrong, the reason to report). Its record on the JobSet
+    is as trustworthy as whoever may patch JobSets, and the policy may have changed since it started."""
+    policy = memo.get("policy")
+    allow_host_path = memo.allow_host_path or pol.rules_for(policy, namespace).allows_host_path
+    try:
+        spec = parse_spec(with_default_image(applied, memo.get("default_image")), allow_host_path=allow_host_path)
+    except ConfigError as exc:
+        return None, exc.errors, st.Reason.INVALID_SPEC
+    return spec, pol.violations(spec, policy, namespace), st.Reason.FORBIDDEN_BY_POLICY
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={EVALUATION_LABEL: kopf.PRESENT})

@@ -3,6 +3,11 @@
 - `rosetta operator --policy FILE`: a training the policy forbids is refused with the fields in its
   status and a Warning event, and nothing is created for it; an allowed one gets its JobSet; the
   forbidden one, fixed, gets its JobSet too.
+- Each rule of the policy's placement, resources and queue, and a namespace's own entry, against one
+  operator: one training per rule, created at once, each refused for its rule alone, beside an
+  allowed one that the namespace's entry lets through.
+- The after-training evaluation Job is judged again when the training has succeeded: a JobSet whose
+  record of the spec was rewritten gets no Job the policy forbids.
 - The apiserver itself refuses a JobSet: a ValidatingAdmissionPolicy (CEL, built into the apiserver)
   for good (422: condition CreateRejected, one attempt, none until the spec changes), a
   ResourceQuota for now (403 exceeded quota: condition QuotaExceeded, retried until it fits).
@@ -14,6 +19,8 @@ here: its reconcile counter says how often it tried.
 from __future__ import annotations
 
 import contextlib
+import copy
+import json
 import time
 import urllib.request
 from typing import Iterator
@@ -23,11 +30,12 @@ import yaml
 from kubernetes.client.rest import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 from test_lifecycle import small_training
-from workloads import condition, provision, status
+from workloads import condition, provision, running_pods, status
 
 from control_plane import free_port
 from rosetta_contract.pod_fields import DEFAULT_IMAGE
 from rosetta_contract.spec import parse_training
+from rosetta_operator.applied_spec import APPLIED_SPEC
 from rosetta_operator.render import render
 from support.cluster import GROUP, JS_GROUP, JS_PLURAL, JS_VERSION, PLURAL, VERSION, OperatorProcess, wait_for
 
@@ -121,6 +129,130 @@ def test_the_policy_refuses_a_forbidden_training_and_admits_an_allowed_one(live_
         wait_for(lambda: (condition(live_cluster, ns, "forbidden", "Valid") or {}).get("status") == "True",
                  "forbidden: Valid=True")
         assert op.reconciles().get("forbidden") == 1
+
+
+INSTANCE_TYPE = "node.kubernetes.io/instance-type"
+QUEUE = "team-queue"
+
+
+def rules_policy(namespace: str) -> dict:
+    """Cluster-wide limits, and the test namespace's entry over them: two nodes where one is the
+    cluster's limit, and a Kueue queue required."""
+    return {"allowedNodeSelectorKeys": [INSTANCE_TYPE, "eks.amazonaws.com/nodegroup"],
+            "allowedNodeSelectorValues": {INSTANCE_TYPE: ["m6i.4xlarge"]},
+            "allowedGpuResources": ["nvidia.com/gpu"], "maxEfaPerNode": 0, "maxMemoryPerPod": "4Gi",
+            "maxCpuPerTraining": 4, "maxShmSize": "1Gi", "maxNodes": 1,
+            "namespaces": {namespace: {"maxNodes": 2, "requireQueue": True}}}
+
+
+def one_rule_each(namespace: str) -> dict[str, tuple[dict, str]]:
+    """name → (what the spec changes from the allowed training, the one refusal it must get)."""
+    cp = "node-role.kubernetes.io/control-plane"
+    entry = f"(operator policy for namespace '{namespace}')"
+    return {
+        "control-plane": ({"scheduling": {"queueName": QUEUE, "nodeSelector": {cp: ""}}},
+                          f"spec.scheduling.nodeSelector.{cp}: selects control-plane nodes"),
+        "tolerate-all": ({"scheduling": {"queueName": QUEUE, "tolerations": [{"operator": "Exists"}]}},
+                         "spec.scheduling.tolerations[0]: an empty key with operator Exists tolerates every taint"),
+        "node-key": ({"scheduling": {"queueName": QUEUE, "nodeSelector": {"topology.kubernetes.io/zone": "a"}}},
+                     "selects nodes by 'topology.kubernetes.io/zone', which is not allowed here; allowed keys: "
+                     f"{INSTANCE_TYPE}, eks.amazonaws.com/nodegroup {entry}"),
+        "node-value": ({"scheduling": {"queueName": QUEUE, "affinity": {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": INSTANCE_TYPE, "operator": "In", "values": ["p5.48xlarge"]}]}]}}}}},
+                       "spec.scheduling.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution."
+                       f"nodeSelectorTerms[0].matchExpressions[0]: selects '{INSTANCE_TYPE}' = 'p5.48xlarge', which "
+                       "is not allowed here; allowed values: m6i.4xlarge"),
+        "gpu-resource": ({"gpusPerNode": 1, "procsPerNode": None, "training": {"device": "cuda"},
+                          "resources": {"cpu": 1, "memory": "3Gi", "shmSize": "1Gi", "gpuResource": "amd.com/gpu"}},
+                         "spec.resources.gpuResource: 'amd.com/gpu' is not allowed here; allowed: nvidia.com/gpu"),
+        "efa": ({"resources": {"cpu": 1, "memory": "3Gi", "shmSize": "1Gi", "efa": 1}},
+                f"spec.resources.efa: 1 EFA devices per pod; at most 0 here {entry}"),
+        "memory": ({"resources": {"cpu": 1, "memory": "8Gi", "shmSize": "1Gi"}},
+                   f"spec.resources.memory: 8Gi of memory per pod; at most 4Gi here {entry}"),
+        "cpu": ({"resources": {"cpu": 3, "memory": "3Gi", "shmSize": "1Gi"}},
+                f"spec.resources.cpu: 2 pods × 3 of CPU is more than the 4 a training may have here {entry}"),
+        "shm": ({"resources": {"cpu": 1, "memory": "3Gi", "shmSize": "2Gi"}},
+                f"spec.resources.shmSize: 2Gi; at most 1Gi here {entry}"),
+        "no-queue": ({"scheduling": {}},
+                     "spec.scheduling.queueName: unset; trainings here must wait for Kueue to admit them: name a "
+                     f"LocalQueue of the namespace {entry}"),
+    }
+
+
+def with_changes(allowed: dict, name: str, changes: dict) -> dict:
+    """The allowed training under another name, with `changes` over its spec (None drops a field)."""
+    doc = copy.deepcopy(allowed)
+    doc["metadata"]["name"] = name
+    for key, value in changes.items():
+        if value is None:
+            doc["spec"].pop(key, None)
+        else:
+            doc["spec"][key] = {**doc["spec"][key], **value} if key == "training" else value
+    return doc
+
+
+def test_each_rule_refuses_its_training_and_a_namespace_entry_overrides(live_cluster, live_namespace, tmp_path):
+    ns = live_namespace
+    (tmp_path / "policy.yaml").write_text(yaml.safe_dump(rules_policy(ns)))
+    allowed = small_training(ns, "allowed")  # two nodes: over the cluster-wide limit, within the namespace's
+    allowed["spec"]["scheduling"] = {"queueName": QUEUE, "nodeSelector": {INSTANCE_TYPE: "m6i.4xlarge"}}
+    provision(live_cluster, ns, allowed)   # the checkpoints claim all of them name
+    cases = one_rule_each(ns)
+
+    with operator(live_cluster, ns, "--policy", str(tmp_path / "policy.yaml")):
+        for name, (changes, _) in cases.items():
+            live_cluster.create_training(ns, with_changes(allowed, name, changes))
+        live_cluster.create_training(ns, allowed)
+        wait_for(lambda: has_jobset(live_cluster, ns, "allowed"), "the allowed training's JobSet")
+        assert (condition(live_cluster, ns, "allowed", "Valid") or {}).get("reason") == "SpecValid"
+
+        problems = []
+        for name, (_, expected) in cases.items():
+            valid = wait_for(lambda name=name: (c := condition(live_cluster, ns, name, "Valid"))
+                             and c["status"] == "False" and c, f"{name}: Valid=False")
+            # Its rule, and no other: each refusal ends with the policy it came from.
+            if valid["reason"] != "ForbiddenByPolicy" or expected not in valid["message"] \
+                    or valid["message"].count("(operator policy") != 1:
+                problems.append(f"{name}: {valid['reason']}: {valid['message']}")
+        assert not problems, "\n".join(problems)
+        # Nothing was created for the refused ones.
+        assert set(live_cluster.jobsets(ns)) == {"allowed"}
+        assert set(live_cluster.configmaps(ns)) == {"allowed-config"}
+
+
+def test_the_evaluation_job_is_judged_again_before_it_is_created(live_cluster, live_namespace, tmp_path):
+    ns, name = live_namespace, "evaluated"
+    (tmp_path / "policy.yaml").write_text(yaml.safe_dump({"maxCpuPerPod": 2}))
+    doc = small_training(ns, name)
+    doc["spec"]["evaluation"] = {**doc["spec"]["evaluation"], "afterTraining": {"checkpoint": "final", "cpu": 1,
+                                                                                 "memory": "1Gi"}}
+    provision(live_cluster, ns, doc)
+    batch = kubernetes.client.BatchV1Api(live_cluster.api)
+
+    with operator(live_cluster, ns, "--policy", str(tmp_path / "policy.yaml")):
+        live_cluster.create_training(ns, doc)
+        jobset = wait_for(lambda: live_cluster.jobsets(ns).get(name), "the JobSet")
+        # Whoever may patch JobSets rewrites the spec the evaluation Job would be built from.
+        applied = json.loads(jobset["metadata"]["annotations"][APPLIED_SPEC])
+        applied["evaluation"]["afterTraining"]["cpu"] = 16
+        live_cluster.custom.patch_namespaced_custom_object(JS_GROUP, JS_VERSION, ns, JS_PLURAL, name, {
+            "metadata": {"annotations": {APPLIED_SPEC: json.dumps(applied)}}})
+        pods = wait_for(lambda: (p := running_pods(live_cluster, ns, name)) and len(p) == 2 and p, "2 running pods", 90)
+        for pod in pods:
+            live_cluster.end_pod(ns, pod.metadata.name, 0)
+
+        done = wait_for(lambda: (s := status(live_cluster, ns, name)).get("evaluation") and s, "status.evaluation", 90)
+        message = ("spec.evaluation.afterTraining.cpu: 16 of CPU for the evaluation pod; at most 2 per pod here "
+                   "(operator policy)")
+        assert done["phase"] == "Succeeded"  # the training itself did
+        assert done["evaluation"] == {"phase": "Failed", "jobName": f"{name}-eval", "checkpoint": "final",
+                                      "message": message}
+        evaluated = condition(live_cluster, ns, name, "Evaluated")
+        assert (evaluated["status"], evaluated["reason"], evaluated["message"]) == ("False", "ForbiddenByPolicy",
+                                                                                      message)
+        one_warning(live_cluster, ns, name, "ForbiddenByPolicy")
+        assert batch.list_namespaced_job(ns, label_selector=f"rosetta.dev/evaluation={name}").items == []
 
 
 # ------------------------------------------------------------------------- refused by the API

@@ -382,5 +382,5 @@ def test_validate_of_cpu_training_does_not_import_torch(tmp_path):
 def test_without_deepspeed_the_plan_says_what_to_install(shape, monkeypatch):
     """`pip install 'rosetta-mt[trainer]'` has no DeepSpeed, whose estimators give the node memory."""
     monkeypatch.setitem(sys.modules, "deepspeed.runtime.zero.stage3", None)
-    with pytest.raises(pi.PlanSkipped, match=r"pip install 'rosetta\[deepspeed\]'"):
+    with pytest.raises(pi.PlanSkipped, match=r"pip install 'rosetta-mt\[deepspeed\]'"):
         mp.node_cpu_bytes(Setting(3), shape, nodes=2, gpus_per_node=8)
