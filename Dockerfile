@@ -47,9 +47,11 @@ ENV PYTHONUNBUFFERED=1 \
 # The package with its [operator] extra: the operator imports only rosetta_operator and the
 # torch-free rosetta_contract, so no torch, no trainer stack (tests/unit/test_packaging.py checks
 # that the operator's modules import with nothing else installed).
+# The same pins as CI (constraints.txt): a rebuild months later gets the kopf and client CI tested.
 RUN python3 -m venv --upgrade-deps /opt/venv
+COPY constraints.txt /etc/rosetta/constraints.txt
 COPY --from=wheel /dist /tmp/dist
-RUN pip install "$(ls /tmp/dist/*.whl)[operator]" \
+RUN pip install -c /etc/rosetta/constraints.txt "$(ls /tmp/dist/*.whl)[operator]" \
     && python -c "import sys, rosetta_operator.handlers, rosetta_contract.spec; assert 'torch' not in sys.modules" \
     && rm -rf /tmp/dist
 RUN groupadd --gid 10001 rosetta \

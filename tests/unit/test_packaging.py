@@ -135,6 +135,18 @@ def wheel_extras(stage: str) -> set[str]:
     return set(found[0].split(","))
 
 
+def test_the_operator_image_installs_its_extra_with_the_constraints_and_every_dependency_is_pinned():
+    """A rebuild of the operator image gets the versions CI tested, not whatever PyPI has that day."""
+    stage = stages()["operator"]
+    assert "COPY constraints.txt /etc/rosetta/constraints.txt" in stage
+    installs = [line for line in stage if "pip install" in line and "[operator]" in line]
+    assert installs and all("-c /etc/rosetta/constraints.txt" in cmd for cmd in installs), installs
+    pins = _constraints()
+    required = PYPROJECT["project"]["optional-dependencies"]["operator"] + PYPROJECT["project"]["dependencies"]
+    names = {re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0].lower().replace("_", "-") for r in required}
+    assert names - set(pins) == set(), "unpinned in constraints.txt"
+
+
 def test_each_image_installs_the_package_with_the_extras_of_what_it_runs():
     # No dependency list copied by hand into the Dockerfile: pyproject.toml's extras are the lists.
     assert wheel_extras("operator") == {"operator"}
