@@ -28,6 +28,7 @@ STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
 FREE_OBJECT = {"type": "object"}
 OBJECT_LIST = {"type": "array", "items": {"type": "object"}}
 STRING_LIST = {"type": "array", "items": {"type": "string"}}
+QUANTITY_OR_NULL = {"type": ["string", "integer", "null"]}  # a Kubernetes quantity: 96, "7500m", "512Gi"
 
 # What the defaults cannot say: free-form Kubernetes fields, nullable limits, enums, ranges. A path
 # is dot-separated keys of values.yaml.
@@ -45,11 +46,24 @@ OVERRIDES: dict[str, dict] = {
     "policy.allowedRegistries": STRING_LIST,
     "policy.allowedServiceAccounts": STRING_LIST,
     "policy.allowedPriorityClasses": STRING_LIST,
+    "policy.allowedQueues": STRING_LIST,
     "policy.allowedTolerationKeys": STRING_LIST,
+    "policy.allowedNodeSelectorKeys": STRING_LIST,
+    "policy.allowedNodeSelectorValues": {"type": "object", "additionalProperties": STRING_LIST},
+    "policy.allowedGpuResources": STRING_LIST,
+    "policy.maxEfaPerNode": COUNT_OR_NULL,
     "policy.allowedHostPaths": STRING_LIST,
     "policy.maxNodes": COUNT_OR_NULL,
     "policy.maxGpusPerNode": COUNT_OR_NULL,
     "policy.maxGpusPerTraining": COUNT_OR_NULL,
+    **{f"policy.{name}": QUANTITY_OR_NULL for name in ("maxCpuPerPod", "maxMemoryPerPod", "maxShmSize",
+                                                        "maxCpuPerTraining", "maxMemoryPerTraining")},
+    # The operator checks each entry's fields when it loads the policy (rosetta_operator/policy.py).
+    "policy.namespaces": {"type": "object", "additionalProperties": {"type": "object"}},
+    "networkPolicy.metricsFrom": OBJECT_LIST,
+    "networkPolicy.apiServerPorts": {"type": "array", "items": PORT},
+    "networkPolicy.apiServerCIDRs": STRING_LIST,
+    "networkPolicy.extraEgress": OBJECT_LIST,
     "replicaCount": {"type": "integer", "minimum": 1},
     "serviceAccount.annotations": STRING_MAP,
     "podAnnotations": STRING_MAP,

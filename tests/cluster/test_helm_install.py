@@ -1,10 +1,12 @@
-"""charts/rosetta installed by the real Helm engine (the helm binary envtest/versions.env pins), and
-the operator run exactly as the chart's Deployment runs it, with the chart's ServiceAccount: a
-training goes from created to Succeeded with nothing but the chart's RBAC.
+"""charts/rosetta installed by the real Helm engine (the helm binary envtest/versions.env pins) with
+its default install mode, and the operator run exactly as the chart's Deployment runs it, with the
+chart's ServiceAccount and policy: a training goes from created to Succeeded with nothing but the
+chart's RBAC in the release namespace.
 
 The Deployment's own pod runs on a kwok node, which does not run containers, so the operator runs
-here as a process with the Deployment's arguments and a token of its ServiceAccount (issued by the
-TokenRequest API, as the kubelet would mount it)."""
+here as a process with the Deployment's arguments, a token of its ServiceAccount (issued by the
+TokenRequest API, as the kubelet would mount it) and the policy ConfigMap's file at the path the
+pod would mount it."""
 
 from __future__ import annotations
 
@@ -48,13 +50,26 @@ def service_account_kubeconfig(cluster, namespace: str, account: str, path: Path
     return str(path)
 
 
+def with_policy_file(cluster, namespace: str, deployment, args: list[str], tmp_path: Path) -> list[str]:
+    """The Deployment's arguments, its `--policy` pointed at a copy of the ConfigMap the pod mounts."""
+    pod = deployment.spec.template.spec
+    (mount,) = [m for m in pod.containers[0].volume_mounts if m.name == "policy"]
+    (volume,) = [v for v in pod.volumes if v.name == "policy"]
+    configmap = cluster.core.read_namespaced_config_map(volume.config_map.name, namespace)
+    (name,) = configmap.data
+    (tmp_path / name).write_text(configmap.data[name])
+    flag = f"--policy={mount.mount_path}/{name}"
+    assert flag in args, args
+    return [f"--policy={tmp_path / name}" if a == flag else a for a in args]
+
+
 def test_chart_install_runs_a_training_with_the_charts_rbac(live_cluster, live_namespace, tmp_path):
     ns = live_namespace
-    # The JobSet check (a lookup of its CRD, which this cluster has) lets the install through.
+    # The JobSet check (a lookup of its CRD, which this cluster has) lets the install through. No
+    # watchNamespaces: by default the operator watches the release namespace, where the training goes.
     liveness, metrics = free_port(), free_port()
     installed = helm(live_cluster, tmp_path, "install", "rosetta", str(CHART), "--namespace", ns,
                      "--set", "crd.install=false",  # the session's cluster has the CRD already
-                     "--set", f"watchNamespaces={{{ns}}}",
                      "--set", f"operator.livenessPort={liveness}", "--set", f"operator.metricsPort={metrics}",
                      "--wait", "--timeout", "120s")
     assert installed.returncode == 0, installed.stderr
@@ -67,10 +82,12 @@ def test_chart_install_runs_a_training_with_the_charts_rbac(live_cluster, live_n
     assert deployment.status.available_replicas == 1  # scheduled and Ready (on a kwok node)
     container = deployment.spec.template.spec.containers[0]
     assert container.command == ["rosetta", "operator"]
+    assert f"--namespace={ns}" in container.args and "--all-namespaces" not in container.args
     account = deployment.spec.template.spec.service_account_name
     kubeconfig = service_account_kubeconfig(live_cluster, ns, account, tmp_path / "operator.kubeconfig")
+    args = with_policy_file(live_cluster, ns, deployment, container.args, tmp_path)
 
-    op = OperatorProcess(live_cluster, f"operator-helm-{ns}", *container.args, kubeconfig=kubeconfig)
+    op = OperatorProcess(live_cluster, f"operator-helm-{ns}", *args, kubeconfig=kubeconfig)
     try:
         op.wait_healthy(liveness)
         doc = small_training(ns, "charted")

@@ -1,6 +1,7 @@
 """charts/rosetta against a real kube-apiserver (the version tests/envtest/versions.env pins, RBAC on):
 every rendered object is created and read back as sent, and the apiserver's authorizer confirms the
-operator's ServiceAccount may do what the handlers do and nothing more.
+operator's ServiceAccount may do what the handlers do, where the install mode says, and nothing more:
+by default only in the release namespace (never kube-system), cluster-wide only with clusterWide.
 
 Each case renders the chart into a fresh namespace (the release namespace), so cluster-scoped names
 (ClusterRole rosetta-<namespace>, …) are unique; they are deleted afterwards. The Prometheus
@@ -201,44 +202,83 @@ def assert_access(cluster: Cluster, sa_ns: str, sa: str, allowed: list, denied: 
 # ------------------------------------------------------------------------------------ tests
 
 
-def guide_install(cloud: str | None) -> tuple[list, dict]:
-    """(values files, --set values) of the guide's helm install (docs/eks.md, docs/gke.md): the cloud
+def guide_install(cloud: str | None, watched: str) -> tuple[list, dict]:
+    """(values files, --set values) of the guide's helm install (docs/eks.md, docs/gke.md), watching
+    `watched` instead of the guide's trainings' namespace (which this apiserver lacks): the cloud
     values files alone name placeholder images, which the chart refuses."""
     if cloud is None:
         return [], {}
     (install,) = [i for i in helm_installs(GUIDES[cloud]) if i.values_files]
     assert install.values_files == [CHART / f"values-{cloud}.yaml"]
-    return install.values_files, install.values
+    assert len(install.values["watchNamespaces"]) == 1, "the guide watches its trainings' namespace"
+    return install.values_files, {**install.values, "watchNamespaces": [watched]}
+
+
+# A stolen token of the operator must not reach the cluster's own plumbing: CoreDNS's and
+# aws-auth's ConfigMaps live in kube-system.
+KUBE_SYSTEM_WRITES = [("patch", "", "configmaps"), ("update", "", "configmaps"), ("create", "jobset.x-k8s.io", "jobsets"),
+                      ("create", "batch", "jobs")]
 
 
 @pytest.mark.parametrize("cloud", [None, "eks", "gke"], ids=["default", "eks", "gke"])
-def test_cluster_wide_release_is_accepted_and_least_privilege(cluster: Cluster, monitoring_crds: None,
-                                                               applied: Applied, cloud):
+def test_default_release_writes_only_where_it_watches(cluster: Cluster, monitoring_crds: None, applied: Applied,
+                                                      cloud):
+    """The default install (the release namespace) and the guides' (their trainings' namespace)."""
     release_ns = fresh_namespace(cluster, "rosetta-system")
     other_ns = fresh_namespace(cluster, "ml")
+    trainings_ns = fresh_namespace(cluster, "mt") if cloud else release_ns
     try:
-        values_files, values = guide_install(cloud)
+        values_files, values = guide_install(cloud, trainings_ns)
         objects = render(values, values_files=values_files, namespace=release_ns, api_versions=MONITORING_APIS)
         created = applied.create(objects)
         kinds = {o["kind"] for o in created}
-        assert {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment"} <= kinds
+        assert {"ServiceAccount", "ConfigMap", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Service",
+                "Deployment", "NetworkPolicy"} <= kinds
         if cloud:
-            assert set(MONITORING_KINDS) | {"ConfigMap"} <= kinds
+            assert set(MONITORING_KINDS) <= kinds
+        assert [o["metadata"]["namespace"] for o in created if o["kind"] in ("Role", "RoleBinding")] == [
+            trainings_ns] * 2
 
         sa = "rosetta"
-        for ns in (other_ns, release_ns):
+        assert_access(cluster, release_ns, sa, HANDLERS_NEED, NEVER_IN_NAMESPACE, trainings_ns)
+        for ns in {other_ns, release_ns, "kube-system"} - {trainings_ns}:
+            assert_access(cluster, release_ns, sa, [], HANDLERS_NEED + NEVER_IN_NAMESPACE, ns)
+        assert_access(cluster, release_ns, sa, [], KUBE_SYSTEM_WRITES, "kube-system")
+        # Cluster-wide: reading CRDs, nothing else (not even namespaces).
+        assert_access(cluster, release_ns, sa, CRD_READ,
+                      NEVER_CLUSTER + [("list", "", "namespaces"), ("watch", "", "namespaces"),
+                                       ("list", "rosetta.dev", "translationtrainings"),
+                                       ("list", "jobset.x-k8s.io", "jobsets"), ("patch", "", "configmaps")], None)
+        # Another namespace's ServiceAccount of the same name gets nothing.
+        assert not can(cluster, other_ns, sa, "list", "rosetta.dev", "translationtrainings", trainings_ns)
+    finally:
+        for ns in {release_ns, other_ns, trainings_ns}:
+            cluster.core.delete_namespace(ns)
+
+
+def test_cluster_wide_release_is_what_it_says(cluster: Cluster, monitoring_crds: None, applied: Applied):
+    """clusterWide=true: the handlers' rules in every namespace, kube-system included (RBAC cannot
+    leave a namespace out; docs/helm.md, Install modes), and still nothing beyond them."""
+    release_ns = fresh_namespace(cluster, "rosetta-system")
+    other_ns = fresh_namespace(cluster, "ml")
+    try:
+        created = applied.create(render({"clusterWide": True}, namespace=release_ns, api_versions=MONITORING_APIS))
+        kinds = {o["kind"] for o in created}
+        assert {"ClusterRole", "ClusterRoleBinding", "NetworkPolicy"} <= kinds and "Role" not in kinds
+
+        sa = "rosetta"
+        for ns in (other_ns, release_ns, "kube-system"):
             assert_access(cluster, release_ns, sa, HANDLERS_NEED, NEVER_IN_NAMESPACE, ns)
         assert_access(cluster, release_ns, sa,
                       CRD_READ + [("list", "", "namespaces"), ("watch", "", "namespaces")], NEVER_CLUSTER, None)
-        # Another namespace's ServiceAccount of the same name gets nothing.
         assert not can(cluster, other_ns, sa, "list", "rosetta.dev", "translationtrainings", other_ns)
     finally:
         for ns in (release_ns, other_ns):
             cluster.core.delete_namespace(ns)
 
 
-def test_single_namespace_release_is_confined_to_its_namespace(cluster: Cluster, monitoring_crds: None,
-                                                              applied: Applied):
+def test_watched_namespaces_release_is_confined_to_them(cluster: Cluster, monitoring_crds: None,
+                                                        applied: Applied):
     release_ns = fresh_namespace(cluster, "rosetta-system")
     watched = fresh_namespace(cluster, "ml")
     other = fresh_namespace(cluster, "other")
@@ -252,8 +292,8 @@ def test_single_namespace_release_is_confined_to_its_namespace(cluster: Cluster,
 
         sa = "rosetta"
         assert_access(cluster, release_ns, sa, HANDLERS_NEED, NEVER_IN_NAMESPACE, watched)
-        # Nothing outside the watched namespace: not the release's own, not another.
-        for ns in (other, release_ns):
+        # Nothing outside the watched namespace: not the release's own, not another, not kube-system.
+        for ns in (other, release_ns, "kube-system"):
             assert_access(cluster, release_ns, sa, [], HANDLERS_NEED + NEVER_IN_NAMESPACE, ns)
         # Cluster-wide: reading CRDs, nothing else (not even namespaces).
         assert_access(cluster, release_ns, sa, CRD_READ,
@@ -270,7 +310,8 @@ def test_peering_objects_are_accepted(cluster: Cluster, applied: Applied):
     their PodDisruptionBudget."""
     release_ns = fresh_namespace(cluster, "rosetta-system")
     try:
-        objects = render({"replicaCount": 2, "peering": {"name": f"rosetta-{release_ns}"}}, namespace=release_ns)
+        objects = render({"replicaCount": 2, "clusterWide": True, "peering": {"name": f"rosetta-{release_ns}"}},
+                         namespace=release_ns)
         created = applied.create(objects)
         (peering,) = [o for o in created if o["kind"] == "ClusterKopfPeering"]
         # Two replicas: drains evict one at a time.

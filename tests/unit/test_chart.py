@@ -1,5 +1,6 @@
-"""charts/rosetta rendered by Helm's own engine (support/chart.py): default, EKS, GKE and
-single-namespace values; CRD, RBAC, Deployment, monitors, dashboards, alerts; manifests/operator.yaml."""
+"""charts/rosetta rendered by Helm's own engine (support/chart.py): default, EKS, GKE, watched-namespace
+and cluster-wide values; CRD, RBAC, Deployment, policy, monitors, dashboards, alerts; manifests/operator.yaml.
+What each install mode grants, and the NetworkPolicy: test_chart_privilege.py."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import yaml
 from rosetta_cli.main import main
 from rosetta_contract import metric_names
 from rosetta_contract.spec import load_training
+from rosetta_operator.policy import Policy
 from rosetta_operator.render import BASE_LABELS
 from rosetta_operator.render import render as render_training
 from support.chart import (
@@ -116,14 +118,16 @@ def test_crd_can_be_left_out_and_released_on_uninstall():
 def test_default_objects():
     objects = render()
     assert kinds(objects) == [
-        ("ServiceAccount", "rosetta"), ("CustomResourceDefinition", "translationtrainings.rosetta.dev"),
+        ("ServiceAccount", "rosetta"), ("ConfigMap", "rosetta-policy"),
+        ("CustomResourceDefinition", "translationtrainings.rosetta.dev"),
         ("ClusterRole", "rosetta-rosetta-system"), ("ClusterRoleBinding", "rosetta-rosetta-system"),
-        ("Service", "rosetta-metrics"), ("Deployment", "rosetta"),
+        ("Role", "rosetta"), ("RoleBinding", "rosetta"), ("Service", "rosetta-metrics"), ("Deployment", "rosetta"),
+        ("NetworkPolicy", "rosetta"),
     ]
     assert {o["metadata"]["namespace"] for o in objects if "namespace" in o["metadata"]} == {"rosetta-system"}
 
 
-def test_deployment_runs_rosetta_operator_cluster_wide():
+def test_deployment_runs_rosetta_operator_on_its_own_namespace():
     objects = render()
     deploy = one(objects, "Deployment")
     assert deploy["spec"]["replicas"] == 1
@@ -131,8 +135,8 @@ def test_deployment_runs_rosetta_operator_cluster_wide():
     c = container(objects)
     assert c["image"] == "ghcr.io/rosetta-dev/rosetta-operator:0.1.0"
     assert c["command"] == ["rosetta", "operator"]
-    assert c["args"] == ["--all-namespaces", "--liveness-port=8080", "--metrics-port=8000", "--log-level=info",
-                         "--log-format=text"]
+    assert c["args"] == ["--namespace=rosetta-system", "--liveness-port=8080", "--metrics-port=8000",
+                         "--log-level=info", "--log-format=text", f"--policy={POLICY_FILE}"]
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"healthz": 8080, "metrics": 8000}
     for probe in (c["livenessProbe"], c["readinessProbe"]):
         assert probe["httpGet"] == {"path": "/healthz", "port": "healthz"}
@@ -151,6 +155,8 @@ def test_operator_flags_match_the_cli():
                           "logging": {"level": "debug", "format": "json"}}))
     args = parser.parse_args(c["command"][1:] + c["args"])
     assert args.namespaces == ["ml", "nlp"] and not args.all_namespaces
+    assert parser.parse_args(["operator", *container(render())["args"]]).namespaces == ["rosetta-system"]
+    assert parser.parse_args(["operator", *container(render({"clusterWide": True}))["args"]]).all_namespaces
     assert args.liveness_port == 8080 and args.metrics_port == 8000 and args.allow_host_path
     assert args.log_level == "debug" and args.log_format == "json"
 
@@ -159,7 +165,7 @@ def test_operator_flags_match_the_cli():
 @pytest.mark.parametrize("format_", ["text", "json"])
 def test_logging_values_are_the_operators_log_flags(level, format_):
     args = container(render({"logging": {"level": level, "format": format_}}))["args"]
-    assert args[-2:] == [f"--log-level={level}", f"--log-format={format_}"]
+    assert [a for a in args if a.startswith("--log-")] == [f"--log-level={level}", f"--log-format={format_}"]
 
 
 @pytest.mark.parametrize("logging, message", [
@@ -185,7 +191,8 @@ def test_security_context_is_non_root_read_only_without_capabilities():
 
 
 def test_cluster_wide_rbac_is_exactly_what_the_handlers_need():
-    objects = render()
+    objects = render({"clusterWide": True})
+    assert "--all-namespaces" in container(objects)["args"]
     role = one(objects, "ClusterRole")
     assert grants(role["rules"]) == NAMESPACED | CRD_READ | NAMESPACES
     binding = one(objects, "ClusterRoleBinding")
@@ -227,7 +234,16 @@ def test_allow_host_path_flag():
 POLICY_FILE = "/etc/rosetta/policy.yaml"
 
 
-def test_policy_values_are_the_policy_fields_and_limit_nothing_by_default():
+def rendered_policy(objects: list[dict], tmp_path):
+    """The operator's reading of the chart's policy ConfigMap (policy.load_policy)."""
+    from rosetta_operator.policy import load_policy
+
+    configmap = next(c for c in of_kind(objects, "ConfigMap") if c["metadata"]["name"] == "rosetta-policy")
+    (tmp_path / "policy.yaml").write_text(configmap["data"]["policy.yaml"])
+    return load_policy(tmp_path / "policy.yaml")
+
+
+def test_policy_values_are_the_policy_fields_and_limit_what_the_operators_defaults_limit(tmp_path):
     from rosetta_operator.policy import Policy
 
     values = yaml.safe_load((CHART / "values.yaml").read_text())["policy"]
@@ -235,29 +251,42 @@ def test_policy_values_are_the_policy_fields_and_limit_nothing_by_default():
     assert set(values) <= aliases, set(values) - aliases
     # allowHostPath stays with operator.allowHostPath (--allow-host-path): one switch, not two.
     assert aliases - set(values) == {"allowHostPath"}
-    assert Policy.model_validate({k: v for k, v in values.items() if v is not None}, by_name=False) == Policy()
+    assert Policy.model_validate(values, by_alias=True, by_name=False) == Policy()
+    # What the operator reads is the defaults it would apply without a file: a default install
+    # limits exactly what `rosetta validate` without --policy checks.
     objects = render()
-    assert of_kind(objects, "ConfigMap") == []
-    assert not [a for a in container(objects)["args"] if a.startswith("--policy")]
-    assert "annotations" not in one(objects, "Deployment")["spec"]["template"]["metadata"]
+    assert rendered_policy(objects, tmp_path) == Policy()
+    assert rendered_policy(objects, tmp_path).limits() == Policy().limits() != []
+    assert f"--policy={POLICY_FILE}" in container(objects)["args"]
 
 
 def test_policy_is_a_configmap_the_operator_reads(tmp_path):
     import argparse
 
     from rosetta_operator.cli import add_commands
-    from rosetta_operator.policy import load_policy
 
     policy = {"allowedRegistries": ["ghcr.io/rosetta-dev/"], "allowedServiceAccounts": ["default", "s3"],
               "allowServiceAccountToken": False, "allowedPriorityClasses": ["batch"],
-              "allowedTolerationKeys": ["nvidia.com/gpu"], "allowTolerateAll": False,
-              "allowedHostPaths": ["/mnt/data"], "maxNodes": 16, "maxGpusPerNode": 8, "maxGpusPerTraining": 64,
-              "allowRootGroup": False}
+              "requireQueue": True, "allowedQueues": ["team-a"],
+              "allowedTolerationKeys": ["nvidia.com/gpu"], "allowTolerateAll": True, "allowControlPlane": True,
+              "allowedNodeSelectorKeys": ["node.kubernetes.io/instance-type"],
+              "allowedNodeSelectorValues": {"node.kubernetes.io/instance-type": ["p5.48xlarge"]},
+              "allowedGpuResources": ["nvidia.com/gpu"], "maxEfaPerNode": 32,
+              "allowedHostPaths": ["/mnt/data"], "maxNodes": 8, "maxGpusPerNode": 8, "maxGpusPerTraining": 64,
+              "maxCpuPerPod": 96, "maxMemoryPerPod": "1Ti", "maxShmSize": "64Gi", "maxCpuPerTraining": "768",
+              "maxMemoryPerTraining": "8Ti", "allowRootGroup": False,
+              "namespaces": {"research": {"maxNodes": 16, "maxGpusPerTraining": None},
+                             "sandbox-*": {"maxGpusPerNode": 0}}}
     objects = render({"policy": policy})
     configmap = one(objects, "ConfigMap")
     assert configmap["metadata"]["name"] == "rosetta-policy"
-    (tmp_path / "policy.yaml").write_text(configmap["data"]["policy.yaml"])
-    assert load_policy(tmp_path / "policy.yaml").model_dump(by_alias=True) == {"allowHostPath": False, **policy}
+    read = rendered_policy(objects, tmp_path)
+    assert read.model_dump(by_alias=True, exclude={"namespaces"}) == {
+        "allowHostPath": False, **{k: v for k, v in policy.items() if k != "namespaces"},
+        "maxCpuPerPod": "96"}  # a quantity, whether written as a number or a string
+    assert read.for_namespace("research").max_nodes == 16
+    assert read.for_namespace("research").max_gpus_per_training is None  # null lifts the limit there
+    assert read.for_namespace("sandbox-1").max_gpus_per_node == 0 and read.for_namespace("ml").max_nodes == 8
 
     pod = one(objects, "Deployment")["spec"]["template"]
     c = container(objects)
@@ -269,19 +298,37 @@ def test_policy_is_a_configmap_the_operator_reads(tmp_path):
     add_commands(parser.add_subparsers())
     assert parser.parse_args(c["command"][1:] + c["args"]).policy == POLICY_FILE
     # The operator reads it at startup: another policy, another pod template.
-    other = one(render({"policy": {**policy, "maxNodes": 8}}), "Deployment")["spec"]["template"]
+    other = one(render({"policy": {**policy, "maxNodes": 4}}), "Deployment")["spec"]["template"]
     assert pod["metadata"]["annotations"]["checksum/policy"] != other["metadata"]["annotations"]["checksum/policy"]
 
 
-@pytest.mark.parametrize("policy, written", [
-    ({"maxNodes": 4}, {"maxNodes": 4}),
-    ({"maxGpusPerNode": 0}, {"maxGpusPerNode": 0}),          # 0 is a limit (CPU only), null is none
-    ({"allowRootGroup": False, "allowTolerateAll": True}, {"allowRootGroup": False}),
-    ({"allowedRegistries": [], "allowServiceAccountToken": True}, None),
-], ids=["number", "zero", "false", "defaults"])
-def test_policy_writes_only_what_limits_something(policy, written):
-    configmaps = of_kind(render({"policy": policy}), "ConfigMap")
-    assert [yaml.safe_load(c["data"]["policy.yaml"]) for c in configmaps] == ([written] if written else [])
+NULLABLE = ["maxEfaPerNode", "maxNodes", "maxGpusPerNode", "maxGpusPerTraining", "maxCpuPerPod", "maxMemoryPerPod",
+            "maxShmSize", "maxCpuPerTraining", "maxMemoryPerTraining"]
+
+
+def test_nullable_policy_values_are_the_limits_null_lifts():
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["policy"]
+    schema = json.loads((CHART / "values.schema.json").read_text())["properties"]["policy"]["properties"]
+    assert sorted(k for k in values if "null" in schema[k]["type"]) == sorted(NULLABLE)
+
+
+@pytest.mark.parametrize("name", NULLABLE)
+def test_null_reaches_the_operator_and_lifts_a_limit(name, tmp_path):
+    # Helm drops a key a user sets to null; written back, it lifts the operator's default too.
+    read = rendered_policy(render({"policy": {name: None}}), tmp_path).model_dump(by_alias=True)
+    assert read == {**Policy().model_dump(by_alias=True), name: None}
+
+
+@pytest.mark.parametrize("policy, limits", [
+    ({}, ["allowTolerateAll", "allowControlPlane", "maxNodes", "maxGpusPerTraining"]),
+    ({"maxNodes": None, "maxGpusPerTraining": None, "allowTolerateAll": True, "allowControlPlane": True}, []),
+    ({"maxGpusPerNode": 0, "maxNodes": None}, ["allowTolerateAll", "allowControlPlane", "maxGpusPerNode",
+                                               "maxGpusPerTraining"]),
+    ({"allowRootGroup": False, "namespaces": {"ml": {"maxNodes": 2}}},
+     ["allowTolerateAll", "allowControlPlane", "maxNodes", "maxGpusPerTraining", "allowRootGroup", "namespaces"]),
+], ids=["defaults", "nothing", "zero-is-a-limit", "false-and-namespaces"])
+def test_policy_limits_what_the_values_say(policy, limits, tmp_path):
+    assert sorted(rendered_policy(render({"policy": policy}), tmp_path).limits()) == sorted(limits)
 
 
 def test_policy_beside_pod_annotations():
@@ -300,7 +347,7 @@ def test_existing_service_account_and_no_rbac():
 
 
 def test_two_replicas_turn_on_kopf_peering_cluster_wide():
-    objects = render({"replicaCount": 2})
+    objects = render({"replicaCount": 2, "clusterWide": True})
     assert one(objects, "Deployment")["spec"]["replicas"] == 2
     assert one(objects, "Deployment")["spec"]["strategy"]["type"] == "RollingUpdate"
     assert "--peering=rosetta" in container(objects)["args"]
@@ -317,14 +364,18 @@ def test_two_replicas_turn_on_kopf_peering_cluster_wide():
                                              for v in ("get", "list", "watch", "patch")})
 
 
-def test_peering_in_single_namespace_mode_uses_a_kopfpeering_per_namespace():
-    objects = render({"peering": {"enabled": True, "name": "p"}, "watchNamespaces": ["ml"]})
+@pytest.mark.parametrize("values, namespace", [
+    ({"watchNamespaces": ["ml"]}, "ml"), ({}, "rosetta-system"),
+], ids=["watched", "release-namespace"])
+def test_peering_in_namespaced_mode_uses_a_kopfpeering_per_namespace(values, namespace):
+    objects = render({"peering": {"enabled": True, "name": "p"}, **values})
     assert "--peering=p" in container(objects)["args"]
     peering = one(objects, "KopfPeering")
-    assert peering["metadata"] == {**peering["metadata"], "name": "p", "namespace": "ml"}
+    assert peering["metadata"] == {**peering["metadata"], "name": "p", "namespace": namespace}
     assert of_kind(objects, "ClusterKopfPeering") == []
     assert grants(one(objects, "Role")["rules"]) == NAMESPACED | {
         ("kopf.dev", "kopfpeerings", v) for v in ("get", "list", "watch", "patch")}
+    assert grants(one(objects, "ClusterRole")["rules"]) == CRD_READ
 
 
 def test_two_replicas_get_a_disruption_budget_and_spread_over_nodes():
@@ -395,7 +446,7 @@ def test_pod_monitor_selects_training_pods_and_not_the_operator():
     selector = monitor["spec"]["selector"]["matchLabels"]
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
     assert endpoint["port"] == "metrics" and endpoint["honorLabels"] is True
-    assert monitor["spec"]["namespaceSelector"] == {"any": True}
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["rosetta-system"]}
 
     training = load_training(QUICKSTART)
     jobset = render_training(training.metadata.name, "ml", training.spec).jobset
@@ -411,6 +462,8 @@ def test_pod_monitor_selects_training_pods_and_not_the_operator():
 def test_pod_monitor_follows_watched_namespaces():
     objects = render({**MONITORS_ON, "watchNamespaces": ["ml"]}, api_versions=MONITORING_APIS)
     assert one(objects, "PodMonitor")["spec"]["namespaceSelector"] == {"matchNames": ["ml"]}
+    objects = render({**MONITORS_ON, "clusterWide": True}, api_versions=MONITORING_APIS)
+    assert one(objects, "PodMonitor")["spec"]["namespaceSelector"] == {"any": True}
 
 
 def test_service_monitor_scrapes_the_operator_service():
@@ -459,7 +512,8 @@ def test_alert_thresholds_are_values():
 
 def test_dashboards_are_configmaps_for_the_grafana_sidecar():
     objects = render({"monitoring": {"dashboards": {"enabled": True}}})
-    maps = {cm["metadata"]["name"]: cm for cm in of_kind(objects, "ConfigMap")}
+    maps = {cm["metadata"]["name"]: cm for cm in of_kind(objects, "ConfigMap") if "grafana_dashboard" in
+            cm["metadata"]["labels"]}
     assert set(maps) == {f"rosetta-dashboard-{p.stem}" for p in DASHBOARDS}
     for path in DASHBOARDS:
         cm = maps[f"rosetta-dashboard-{path.stem}"]
@@ -468,7 +522,8 @@ def test_dashboards_are_configmaps_for_the_grafana_sidecar():
     custom = render({"monitoring": {"dashboards": {"enabled": True, "label": "dash", "labelValue": "yes",
                                                    "namespace": "grafana"}}})
     for cm in of_kind(custom, "ConfigMap"):
-        assert cm["metadata"]["labels"]["dash"] == "yes" and cm["metadata"]["namespace"] == "grafana"
+        if cm["metadata"]["name"] != "rosetta-policy":
+            assert cm["metadata"]["labels"]["dash"] == "yes" and cm["metadata"]["namespace"] == "grafana"
 
 
 def test_dashboard_files():
@@ -548,9 +603,13 @@ def test_cloud_values(cloud, registry):
     assert pod["nodeSelector"] and pod["tolerations"]
     for kind in ("PodMonitor", "ServiceMonitor", "PrometheusRule"):
         assert one(objects, kind)["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    assert len(of_kind(objects, "ConfigMap")) == len(DASHBOARDS)
-    # Everything else is as by default.
-    assert c["args"] == container(render())["args"]
+    assert len(of_kind(objects, "ConfigMap")) == len(DASHBOARDS) + 1  # and the policy
+    # The guide's trainings' namespace is the one watched, with a Role there; everything else is as by
+    # default.
+    (watched,) = install.values["watchNamespaces"]
+    assert [(r["kind"], r["metadata"]["namespace"]) for r in objects if r["kind"] in ("Role", "RoleBinding")] == [
+        ("Role", watched), ("RoleBinding", watched)]
+    assert c["args"] == container(render({"watchNamespaces": [watched]}))["args"]
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
 
 
@@ -567,6 +626,7 @@ def test_raw_operator_manifest_contents():
     objects = [d for d in yaml.safe_load_all(OPERATOR_MANIFEST.read_text()) if d]
     assert objects == raw_manifests()
     assert kinds(objects) == [("Namespace", "rosetta-system"), ("ServiceAccount", "rosetta"),
-                              ("ClusterRole", "rosetta-rosetta-system"),
-                              ("ClusterRoleBinding", "rosetta-rosetta-system"), ("Service", "rosetta-metrics"),
-                              ("Deployment", "rosetta")]
+                              ("ConfigMap", "rosetta-policy"), ("ClusterRole", "rosetta-rosetta-system"),
+                              ("ClusterRoleBinding", "rosetta-rosetta-system"), ("Role", "rosetta"),
+                              ("RoleBinding", "rosetta"), ("Service", "rosetta-metrics"), ("Deployment", "rosetta"),
+                              ("NetworkPolicy", "rosetta")]

@@ -97,8 +97,12 @@ def test_notes_give_the_next_commands():
                  "rosetta logs quickstart-cpu -n ml -f",
                  "Trainings without spec.image run ghcr.io/rosetta-dev/rosetta-trainer:0.1.0"):
         assert line in text, line
-    assert "watching ml, nlp" in text
-    assert "kubectl apply -n default -f" in notes()
+    assert "watching ml, nlp only" in text
+    # By default the operator watches its own namespace alone: the commands go there.
+    assert "watching rosetta-system only" in notes()
+    assert "kubectl apply -n rosetta-system -f" in notes()
+    assert "watching every namespace" in notes({"clusterWide": True})
+    assert "kubectl apply -n default -f" in notes({"clusterWide": True})
     assert "helm test" not in notes({"service": {"enabled": False}})
     skipped = notes({"jobset": {"requireCRD": False}})
     assert "jobset.requireCRD=false" in skipped and "releases/download/v0.12.0/manifests.yaml" in skipped

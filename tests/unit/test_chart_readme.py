@@ -39,7 +39,9 @@ def test_rows_show_type_default_and_description():
     assert "| `logging.level` | string (`debug`, `info`, `warning`, `error`) | `\"info\"` | Level of the operator's log" \
         in text
     assert "| `image.tag` | string | the chart's appVersion | Image tag;" in text
-    assert "| `policy.maxNodes` | integer or null | `null` |" in text
+    assert "| `policy.maxNodes` | integer or null | `16` |" in text
+    assert "| `policy.maxShmSize` | string or integer or null | `null` |" in text
+    assert "| `watchNamespaces` | array | the release namespace |" in text
 
 
 def test_comments_are_read_as_helm_docs_reads_them():

@@ -63,7 +63,16 @@ def test_lint_passes_and_refuses_a_wrong_type():
     ({"monitoring": {"prometheusRule": {"restartsWindow": "an hour"}}}, "/monitoring/prometheusRule/restartsWindow"),
     ({"watchNamespace": ["ml"]}, "additional properties 'watchNamespace' not allowed"),
     ({"operator": {"metricPort": 9000}}, "additional properties 'metricPort' not allowed"),
-], ids=["int", "list", "bool", "minimum", "enum", "duration", "typo", "nested-typo"])
+    ({"clusterWide": "yes"}, "at '/clusterWide': got string, want boolean"),
+    ({"policy": {"maxCpuPerPod": 1.5}}, "/policy/maxCpuPerPod"),
+    ({"policy": {"allowedNodeSelectorValues": {"zone": "a"}}}, "/policy/allowedNodeSelectorValues/zone"),
+    ({"policy": {"namespaces": {"ml": ["maxNodes"]}}}, "/policy/namespaces/ml"),
+    ({"policy": {"maxEfaPerNode": -1}}, "/policy/maxEfaPerNode"),
+    ({"policy": {"allowControlPlan": True}}, "additional properties 'allowControlPlan' not allowed"),
+    ({"networkPolicy": {"apiServerPorts": [0]}}, "/networkPolicy/apiServerPorts/0"),
+    ({"networkPolicy": {"metricsFrom": {"namespaceSelector": {}}}}, "/networkPolicy/metricsFrom"),
+], ids=["int", "list", "bool", "minimum", "enum", "duration", "typo", "nested-typo", "cluster-wide",
+        "quantity", "selector-values", "namespace-entry", "efa", "policy-typo", "api-server-port", "metrics-peers"])
 def test_template_refuses_wrong_values_naming_them(values, message):
     with pytest.raises(RenderError) as err:
         render(values)
@@ -73,7 +82,11 @@ def test_template_refuses_wrong_values_naming_them(values, message):
 
 def test_free_form_and_nullable_values_stay_open():
     objects = render({
-        "policy": {"maxNodes": 4, "maxGpusPerNode": None},
+        "policy": {"maxNodes": 4, "maxGpusPerNode": None, "maxCpuPerPod": 96, "maxMemoryPerPod": "1Ti",
+                   "maxShmSize": None, "allowedNodeSelectorValues": {"node.kubernetes.io/instance-type": ["p5.48xlarge"]},
+                   "namespaces": {"team-*": {"maxNodes": None, "allowedQueues": ["q"]}}},
+        "networkPolicy": {"metricsFrom": [{"ipBlock": {"cidr": "10.0.0.0/8"}}],
+                          "extraEgress": [{"ports": [{"port": 3128}]}]},
         "resources": {"requests": {"cpu": "1"}, "limits": {"memory": "1Gi", "nvidia.com/gpu": 0}},
         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}},
         "operator": {"extraEnv": [{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]},

@@ -135,21 +135,27 @@ app.kubernetes.io/component: operator
 {{- if or .Values.peering.enabled (gt (int .Values.replicaCount) 1) }}true{{ end }}
 {{- end }}
 
-{{/* The admin policy file (`rosetta operator --policy`): the `policy` values that limit something,
-     as YAML; empty when none does, and then the operator runs without a policy. Booleans that
-     default to true are limits when false; any other value is a limit when set (an empty list and
-     null are not). */}}
+{{/* The admin policy file (`rosetta operator --policy`): the `policy` values as they are, defaults
+     included, so that the operator enforces what values.yaml says. Helm drops a key whose value a
+     user sets to null, and the operator would then apply its own default in its place: the limits
+     that null lifts are written back as null. */}}
 {{- define "rosetta.policy" -}}
-{{- $permissive := dict "allowServiceAccountToken" true "allowTolerateAll" true "allowRootGroup" true }}
-{{- $set := dict }}
-{{- range $key, $value := .Values.policy }}
-{{- if hasKey $permissive $key }}
-{{- if not (eq $value (get $permissive $key)) }}{{ $_ := set $set $key $value }}{{ end }}
-{{- else if and (not (kindIs "invalid" $value)) (or (not (kindIs "slice" $value)) $value) }}
-{{- $_ := set $set $key $value }}
+{{- $policy := deepCopy .Values.policy }}
+{{- range list "maxEfaPerNode" "maxNodes" "maxGpusPerNode" "maxGpusPerTraining" "maxCpuPerPod" "maxMemoryPerPod" "maxShmSize" "maxCpuPerTraining" "maxMemoryPerTraining" }}
+{{- if not (hasKey $policy .) }}{{ $_ := set $policy . nil }}{{ end }}
 {{- end }}
+{{- toYaml $policy }}
 {{- end }}
-{{- if $set }}{{ toYaml $set }}{{ end }}
+
+{{/* The namespaces the operator watches, as a JSON list (read with fromJsonArray): none when it
+     watches every namespace (clusterWide), else watchNamespaces, else the release's own. */}}
+{{- define "rosetta.watchedNamespaces" -}}
+{{- if and .Values.clusterWide .Values.watchNamespaces }}
+{{- fail (printf "clusterWide=true watches every namespace, and watchNamespaces lists %s: set one or the other (watchNamespaces without clusterWide gives a Role in each listed namespace and no cluster-wide write)." (join ", " .Values.watchNamespaces)) }}
+{{- end }}
+{{- if .Values.clusterWide }}[]
+{{- else }}{{ toJson (.Values.watchNamespaces | default (list .Release.Namespace) | uniq) }}
+{{- end }}
 {{- end }}
 
 {{/* What the operator does inside a watched namespace (handlers.py, plus kopf itself). */}}
@@ -194,7 +200,7 @@ app.kubernetes.io/component: operator
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
-{{- if and (include "rosetta.peering" .) .Values.watchNamespaces }}
+{{- if and (include "rosetta.peering" .) (not .Values.clusterWide) }}
 # kopf peering per watched namespace (cluster-wide, a ClusterKopfPeering instead).
 - apiGroups: [kopf.dev]
   resources: [kopfpeerings]
