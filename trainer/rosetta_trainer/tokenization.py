@@ -12,11 +12,14 @@ tokenizer.
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
+from array import array
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable, Iterator
 
+import numpy as np
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
@@ -26,56 +29,116 @@ PAD, EOS, UNK = "<pad>", "</s>", "<unk>"
 # The order is the ids: the trainers give special tokens the first ids, in this order.
 SPECIAL_TOKENS = (PAD, EOS, UNK)
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
-_SUBSAMPLE_SEED = 0
+# Fixed, not the training's seed: the tokenizer `rosetta prepare` trained is reused by a training
+# with the same tokenizer settings (tokenizer_reuse.py), whatever its seed.
+SAMPLE_SEED = 0
 
 
-def _subsample(items: Iterable, k: int | None) -> list:
-    """At most k items, a uniform sample with a fixed seed, kept in their original order. Read as
-    a stream (reservoir sampling): with k set, k items are held, never the whole corpus."""
-    if k is None:
-        return list(items)
-    rng = random.Random(_SUBSAMPLE_SEED)
-    reservoir: list[tuple[int, object]] = []
+def _reservoir(items: Iterable, k: int, seed: int, keep: Callable | None = None) -> tuple[list, array]:
+    """A uniform sample of at most k items, the same for the same seed and items, and where each
+    stood in the stream; in no order. One pass (reservoir sampling, Vitter's algorithm R): k
+    items are held, never the whole corpus. `keep` makes what is held of an item the sample
+    takes (by default the item itself)."""
+    rng = random.Random(seed)
+    # The positions sit apart from the items, in one flat array: a (position, item) tuple per
+    # slot would add some 90 bytes to each of the k pairs held.
+    held: list = []
+    positions = array("q")
     for i, item in enumerate(items):
         if i < k:
-            reservoir.append((i, item))
+            held.append(keep(item) if keep else item)
+            positions.append(i)
         else:
             j = rng.randrange(i + 1)
             if j < k:
-                reservoir[j] = (i, item)
-    reservoir.sort(key=lambda entry: entry[0])
-    return [item for _, item in reservoir]
+                held[j] = keep(item) if keep else item
+                positions[j] = i
+    return held, positions
 
 
-def _sentences(texts: Iterable[str | tuple[str, str]], max_sentences: int | None) -> list[str]:
-    out: list[str] = []
-    for item in _subsample(texts, max_sentences):
-        if isinstance(item, str):
-            out.append(item)
-        else:
-            out.extend(item)
-    return out
+def _in_order(positions: array) -> np.ndarray:
+    # numpy's sort of 8-byte positions, not sorted(range(k), key=...): 1M Python ints twice over.
+    return np.argsort(np.frombuffer(positions, dtype=np.int64))
 
 
-def _train_unigram(spec: TokenizerTraining, sentences: list[str], normalizer, pre_tokenizer) -> models.Unigram:
+def _subsample(items: Iterable, k: int | None, seed: int = SAMPLE_SEED) -> list:
+    """At most k items (all of them when k is None or 0), a seeded uniform sample kept in the
+    stream's order."""
+    if not k:
+        return list(items)
+    held, positions = _reservoir(items, k, seed)
+    return [held[slot] for slot in _in_order(positions)]
+
+
+_WHOLE = 0xFFFFFFFF  # the split of an item that is one sentence
+
+
+def _encoded(item: str | tuple[str, str]) -> bytes:
+    """An item as one bytes object: the source's length in 4 bytes (or _WHOLE), then the UTF-8
+    text. A pair held as a tuple of two str takes some 150 bytes more."""
+    if isinstance(item, str):
+        return _WHOLE.to_bytes(4, "little") + item.encode("utf-8", "surrogatepass")
+    source, target = (side.encode("utf-8", "surrogatepass") for side in item)
+    return len(source).to_bytes(4, "little") + source + target
+
+
+def _packed(held: list[bytes], order: np.ndarray) -> tuple[bytearray, array]:
+    """The sentences of the `_encoded` items in `held`, taken in `order`, in one buffer, and where
+    each ends; `held` is emptied as it goes. One block, given back whole once the trainer has read
+    it: the reservoir's churn leaves its items scattered over the heap, and the words the trainer
+    keeps, allocated among them, would pin those pages to the end of the process (a 1M-pair sample
+    of 2M pairs held as str pairs peaked at twice the memory: docs/benchmarks.md)."""
+    text, ends = bytearray(), array("q")
+    for slot in order:
+        item, held[slot] = held[slot], b""
+        split = int.from_bytes(item[:4], "little")
+        if split != _WHOLE:
+            ends.append(len(text) + split)
+        text += memoryview(item)[4:]
+        ends.append(len(text))
+    return text, ends
+
+
+def _sentences(texts: Iterable[str | tuple[str, str]], max_sentences: int | None) -> Iterator[str]:
+    """The sentences to train on, as a stream: without a limit the text is never held whole."""
+    if not max_sentences:
+        for item in texts:
+            if isinstance(item, str):
+                yield item
+            else:
+                yield from item
+        return
+    held, positions = _reservoir(texts, max_sentences, SAMPLE_SEED, keep=_encoded)
+    text, ends = _packed(held, _in_order(positions))
+    del held, positions
+    view, start = memoryview(text), 0
+    for end in ends:
+        yield str(view[start:end], "utf-8", "surrogatepass")
+        start = end
+
+
+def _train_unigram(spec: TokenizerTraining, sentences: Iterable[str], normalizer, pre_tokenizer) -> models.Unigram:
     # The tokenizers Unigram trainer takes its seed pieces from a suffix array over the
     # *distinct* words, so a frequent word that is not part of any other word ("▁gibt") is
     # never a candidate and ends up spelt letter by letter. Feeding every distinct word once
     # more, doubled ("▁gibt▁gibt"), makes each word a candidate. Pieces born across that seam
     # contain an inner "▁", can never match a pre-tokenized word, and are dropped afterwards.
-    words: list[str] = []
     distinct: set[str] = set()
-    for sentence in sentences:
-        pieces = [w for w, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(sentence))]
-        words.extend(pieces)
-        distinct.update(pieces)
-    words.extend(w + w for w in sorted(distinct))
+
+    def words() -> Iterator[str]:
+        # A stream: a list of every word would hold some 13 strings per sentence.
+        for sentence in sentences:
+            pieces = [w for w, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(sentence))]
+            distinct.update(pieces)
+            yield from pieces
+        yield from (w + w for w in sorted(distinct))
+
     # No normalizer or pre-tokenizer here: each fed string is exactly one word.
     scratch = Tokenizer(models.Unigram())
     trainer = trainers.UnigramTrainer(
         vocab_size=spec.vocab_size, special_tokens=list(SPECIAL_TOKENS), unk_token=UNK, show_progress=False,
     )
-    scratch.train_from_iterator(words, trainer=trainer, length=len(words))
+    scratch.train_from_iterator(words(), trainer=trainer)
     vocab = json.loads(scratch.to_str())["model"]["vocab"]
     kept = [(piece, score) for piece, score in vocab if "▁" not in piece[1:]]
     # The trainer's parallel reductions leave the scores wobbling in the last bits from run to
@@ -111,18 +174,23 @@ def train_tokenizer(
 ) -> PreTrainedTokenizerFast:
     """Train a BPE or Unigram tokenizer on `texts` and save it to `out_dir`.
 
-    `texts` holds strings, or (source, target) pairs for a tokenizer shared by both languages.
-    `spec.max_sentences` caps the items used: with pairs that is "at most N sentences per
-    side", as the spec field says. The subsample is fixed (seeded), so every rank and every
-    restart trains the same tokenizer from the same data.
+    `texts` holds strings, or (source, target) pairs for a tokenizer shared by both languages,
+    and is read once, as a stream. `spec.max_sentences` (by default 1,000,000) caps the items
+    used: with pairs that is "at most N sentences per side", as the spec field says. The sample
+    is seeded (SAMPLE_SEED), so every rank and every restart trains the same tokenizer from the
+    same data, and it is all that is held: memory is flat in the corpus size. With
+    `max_sentences` null or 0 every sentence streams through the trainer, which holds only the
+    distinct words and their counts.
 
     `min_frequency` applies to BPE merges; the Unigram trainer (as in sentencepiece) has no
     such threshold and prunes rare pieces by likelihood instead. A Unigram vocabulary can come
     out smaller than `vocab_size` on a small corpus.
     """
     sentences = _sentences(texts, spec.max_sentences)
-    if not sentences:
+    first = next(sentences, None)
+    if first is None:
         raise ValueError("cannot train a tokenizer on no text")
+    sentences = itertools.chain([first], sentences)
     normalizer = normalizers.NFKC()
     pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
     if spec.type == "bpe":
@@ -132,7 +200,7 @@ def train_tokenizer(
             vocab_size=spec.vocab_size, min_frequency=spec.min_frequency,
             special_tokens=list(SPECIAL_TOKENS), show_progress=False,
         )
-        tokenizer.train_from_iterator(sentences, trainer=trainer, length=len(sentences))
+        tokenizer.train_from_iterator(sentences, trainer=trainer)
     else:
         tokenizer = Tokenizer(_train_unigram(spec, sentences, normalizer, pre_tokenizer))
         tokenizer.normalizer, tokenizer.pre_tokenizer = normalizer, pre_tokenizer
