@@ -227,8 +227,13 @@ class TokenizerTraining(Model):
     type: Literal["bpe", "unigram"] = "unigram"
     vocab_size: int = Field(8000, ge=64, le=1_000_000)
     min_frequency: int = Field(2, ge=1)
+    # A fixed-size sample by default, as sentencepiece's input_sentence_size: held in memory while
+    # the tokenizer trains, so a first start's memory stays flat however large the corpus. Unset
+    # and null differ on purpose (null overrides the default, as clipGradNorm's does): null and 0
+    # both train on every sentence.
     max_sentences: Optional[int] = Field(
-        None, ge=1, description="Train on at most this many sentences per side."
+        1_000_000, ge=0,
+        description="Train on a seeded sample of at most this many sentences per side (pairs); null or 0 means all.",
     )
 
 
@@ -636,7 +641,9 @@ class AverageSpec(Model):
 
 class CheckpointSpec(Model):
     dir: Optional[str] = Field(
-        None, max_length=PATH_MAX, description="Checkpoint directory; default <output>/checkpoints. Relative paths are under the output dir."
+        None, max_length=PATH_MAX, description="Checkpoint directory; default <output>/checkpoints. Relative paths are under the output dir. "
+                                        "On a cluster an absolute one must be under <checkpoints mountPath>/<metadata.name>/ "
+                                        "(the training's own directory) or on an emptyDir."
     )
     interval: int = Field(1000, ge=1, description="Steps between checkpoints.")
     keep: int = Field(3, ge=1, description="How many of the latest checkpoints to keep.")
@@ -824,6 +831,38 @@ class TrackingSpec(Model):
     mlflow: Optional[MlflowSpec] = Field(None, description="Log to MLflow (the [tracking] extra).")
 
 
+# Seconds, as Kubernetes spells durations in its own APIs (terminationGracePeriodSeconds).
+DEFAULT_COLLECTIVE_TIMEOUT_SECONDS = 1800
+# Twice the collective timeout: a hung all-reduce ends with the trainer's own CollectiveTimeout exit
+# before the operator calls the training stalled, so the more precise diagnosis wins.
+DEFAULT_STALL_TIMEOUT_SECONDS = 2 * DEFAULT_COLLECTIVE_TIMEOUT_SECONDS
+
+
+class FaultToleranceSpec(Model):
+    """What counts as a hang, and what happens then (docs/operator.md, Hangs)."""
+
+    stall_timeout_seconds: int = Field(
+        DEFAULT_STALL_TIMEOUT_SECONDS, ge=10, le=7 * 24 * 3600,
+        description="On a cluster, the training is Stalled when rank 0's heartbeat has not moved for this long. "
+                    "The trainer beats after every optimizer step, evaluation batch and checkpoint save, so a "
+                    "long evaluation or save is no stall; only one batch or one save longer than this is.",
+    )
+    stall_action: Literal["restart", "fail", "report"] = Field(
+        "restart",
+        description="What the operator does with a Stalled training besides the condition and a Warning event: "
+                    "restart ends the attempt's Job so that the JobSet restarts the gang from the last checkpoint "
+                    "(counted towards failurePolicy.maxRestarts); fail stops the gang and fails the training; "
+                    "report does nothing more.",
+    )
+    collective_timeout_seconds: int = Field(
+        DEFAULT_COLLECTIVE_TIMEOUT_SECONDS, ge=10, le=24 * 3600,
+        description="How long one collective (all-reduce, barrier, broadcast) may wait for the other ranks "
+                    "before the trainer exits with CollectiveTimeout (75); also NCCL's heartbeat timeout. "
+                    "It must cover the longest time one rank works alone while the others wait, e.g. rank 0 "
+                    "training the tokenizer.",
+    )
+
+
 class TrainerSpec(Model):
     """Everything the trainer reads. The operator's spec extends this with cluster fields."""
 
@@ -855,6 +894,10 @@ class TrainerSpec(Model):
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)
     tracking: TrackingSpec = Field(
         default_factory=TrackingSpec, description="Weights & Biases and MLflow, optional; rank 0 logs."
+    )
+    fault_tolerance: FaultToleranceSpec = Field(
+        default_factory=FaultToleranceSpec,
+        description="Hangs: the collective timeout of every rank, and when and how the operator ends a stalled run.",
     )
 
     def staging_sources(self) -> list[tuple[str, "StagingSpec"]]:

@@ -17,6 +17,10 @@ MAX_TERMINATION_MESSAGE = 4096
 CONFIG_EXIT = 2
 # spec.training.nanPolicy: stop ended the run (a fault of the numbers, not of the input).
 NON_FINITE_EXIT = 3
+# sysexits.h EX_TEMPFAIL, "try again later": a collective waited spec.faultTolerance.collectiveTimeoutSeconds
+# for a rank that never came. Nothing is wrong with the input; the next attempt resumes from the last
+# checkpoint. Under torchrun the pod itself exits 1 (torchrun's own status) and its log names this code.
+COLLECTIVE_TIMEOUT_EXIT = 75
 
 # Which error ends a `rosetta` command (and a trainer pod) with which status: one table for every
 # entry point. Classes are named, not imported, so that this package imports neither side; an error
@@ -31,6 +35,7 @@ ERROR_EXITS: tuple[tuple[str, str, int], ...] = (
     ("rosetta_trainer.averaging", "AveragingError", CONFIG_EXIT),  # what the checkpoints are
     ("rosetta_trainer.export", "ExportError", CONFIG_EXIT),
     ("rosetta_trainer.loop", "NonFiniteError", NON_FINITE_EXIT),
+    ("rosetta_trainer.distributed", "CollectiveTimeout", COLLECTIVE_TIMEOUT_EXIT),
 )
 
 

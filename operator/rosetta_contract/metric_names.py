@@ -35,6 +35,7 @@ TRAINER_METRICS: tuple[str, ...] = (
     "rosetta_bleu",
     "rosetta_best_bleu",
     "rosetta_validation_loss",
+    "rosetta_heartbeat_timestamp_seconds",   # the operator's stall clock (docs/operator.md, Hangs)
     # + lang
     "rosetta_eval_bleu",
     "rosetta_eval_chrf",
@@ -64,6 +65,7 @@ OPERATOR_METRICS: tuple[str, ...] = (
     "rosetta_operator_progress_scrapes_total",    # outcome
     "rosetta_operator_training_restarts",         # namespace, training: status.restarts
     "rosetta_operator_training_max_restarts",     # namespace, training: spec.failurePolicy.maxRestarts
+    "rosetta_operator_training_stalled",          # namespace, training: 1 while the Stalled condition is True
 )
 
 # Metric families whose samples carry a suffix after the name above.

@@ -332,6 +332,23 @@ class Toleration(Model):
         return self
 
 
+class TopologySpec(Model):
+    """One topology domain (a block, a rack) for the whole gang, found by Kueue at admission."""
+
+    level: LabelKey = Field(
+        ...,
+        description="Node label key of the topology level the gang should share, e.g. "
+                    "cloud.google.com/gce-topology-block or topology.k8s.aws/network-node-layer-3; a level of "
+                    "the Kueue Topology behind the queue's ResourceFlavor.",
+    )
+    mode: Literal["Required", "Preferred"] = Field(
+        "Required",
+        description="Required: admit the gang only when one domain of this level holds all its pods; until "
+                    "then it stays Queued and the status says why. Preferred: try this level, then each level "
+                    "above it, then admit it spread over several domains.",
+    )
+
+
 class SchedulingSpec(Model):
     node_selector: dict[LabelKey, LabelValue] = Field(
         default_factory=dict, description="Node labels the pods require (added to the profile's)."
@@ -356,6 +373,11 @@ class SchedulingSpec(Model):
             "to itself: JobSet places each Job in one domain, and ours is one Job of all the nodes."
         ),
     )
+    topology: Optional[TopologySpec] = Field(
+        None,
+        description="Place the gang within one topology domain through Kueue's topology-aware scheduling "
+                    "(needs queueName): Kueue admits it only where the whole gang fits.",
+    )
 
     @field_validator("affinity")
     @classmethod
@@ -363,6 +385,24 @@ class SchedulingSpec(Model):
         found = core_types.problems(value, "V1Affinity") if value is not None else []
         if found:
             raise ValueError("; ".join(found[:5]) + (f"; and {len(found) - 5} more" if len(found) > 5 else ""))
+        return value
+
+    @field_validator("topology")
+    @classmethod
+    def _topology_through_kueue(cls, value: Optional[TopologySpec], info: ValidationInfo) -> Optional[TopologySpec]:
+        if value is None:
+            return value
+        if "queue_name" in info.data and info.data["queue_name"] is None:  # absent: its own error says why
+            # The annotations mean nothing to the scheduler: only Kueue reads them, on a queued JobSet.
+            raise ValueError("needs queueName: only Kueue's topology-aware scheduling places a gang by topology, "
+                             "and Kueue sees only queued trainings; set queueName to a LocalQueue whose "
+                             "ClusterQueue has a ResourceFlavor with a topologyName")
+        if info.data.get("exclusive_topology"):
+            # Kueue picks the domain from free capacity alone and does not see JobSet's exclusive-placement
+            # pod affinities: it could admit the gang into a domain another gang holds, and its pods would
+            # stay Pending there.
+            raise ValueError("set topology or exclusiveTopology, not both: Kueue chooses the domain without "
+                             "seeing the affinities exclusiveTopology adds")
         return value
 
 

@@ -164,6 +164,17 @@ class TranslationTrainingSpec(TrainerSpec):
             )
         return value
 
+    @field_validator("scheduling")
+    @classmethod
+    def _required_topology_fits(cls, value: SchedulingSpec, info: ValidationInfo) -> SchedulingSpec:
+        nodes, topology = info.data.get("nodes", 1), value.topology
+        if topology is not None and topology.mode == "Required" and topology.level == HOSTNAME_LABEL and nodes > 1:
+            raise ValueError(
+                f"topology.level {HOSTNAME_LABEL} with mode Required would need all {nodes} pods on one node; "
+                "use a block or rack label, or mode Preferred"
+            )
+        return value
+
     @field_validator("env")
     @classmethod
     def _env_not_launcher_owned(cls, value: list[EnvVar], info: ValidationInfo) -> list[EnvVar]:

@@ -148,6 +148,26 @@ def set_jobset_suspend(api: kubernetes.client.ApiClient, namespace: str, name: s
     return patch_jobset(api, namespace, name, {"spec": {"suspend": suspend}})
 
 
+def end_attempt(api: kubernetes.client.ApiClient, namespace: str, pod: Mapping[str, Any]) -> bool:
+    """Fail the Job that runs `pod` now, as a failed pod would: the Job controller enforces an
+    activeDeadlineSeconds that has passed by terminating its pods (SIGTERM, then SIGKILL after the
+    grace period, which a hung trainer needs), and the JobSet restarts the gang, counted towards
+    failurePolicy.maxRestarts. Nothing is deleted. The Job's uid is a precondition: the JobSet names
+    a restarted gang's Job as before, and the new attempt must not be ended for the old one's stall.
+    False when that Job is gone already."""
+    ref = next((r for r in (pod.get("metadata") or {}).get("ownerReferences") or [] if r.get("kind") == "Job"), None)
+    if ref is None:
+        return False
+    try:
+        kubernetes.client.BatchV1Api(api).patch_namespaced_job(
+            ref["name"], namespace, {"metadata": {"uid": ref["uid"]}, "spec": {"activeDeadlineSeconds": 1}})
+    except ApiException as exc:
+        if exc.status in (404, 409, 422):  # gone, or a new Job of the same name (the uid differs)
+            return False
+        raise
+    return True
+
+
 def check_owned(api: kubernetes.client.ApiClient, owner: kopf.Body, child: Mapping[str, Any]) -> None:
     """A same-named child that is not ours (another tool's, or the previous incarnation's still
     being garbage-collected) is never touched; the condition says so and kopf retries later."""

@@ -228,6 +228,17 @@ def cel_rules() -> list[CelRule]:
                     f"self.scheduling.exclusiveTopology != '{HOSTNAME_LABEL}' || !has(self.nodes) || self.nodes == 1",
                 f"exclusiveTopology {HOSTNAME_LABEL} would need every pod of the gang on one node; "
                 "use a node-pool, rack or block label"),
+        CelRule("scheduling", "!has(self.topology) || has(self.queueName)",
+                "topology needs queueName: only Kueue's topology-aware scheduling places a gang by topology, "
+                "and Kueue sees only queued trainings"),
+        CelRule("scheduling", "!has(self.topology) || !has(self.exclusiveTopology)",
+                "set topology or exclusiveTopology, not both"),
+        CelRule("", f"!has(self.scheduling) || !has(self.scheduling.topology) || "
+                    f"self.scheduling.topology.level != '{HOSTNAME_LABEL}' || "
+                    "(has(self.scheduling.topology.mode) && self.scheduling.topology.mode == 'Preferred') || "
+                    "!has(self.nodes) || self.nodes == 1",
+                f"topology.level {HOSTNAME_LABEL} with mode Required would need every pod of the gang on one "
+                "node; use a block or rack label, or mode Preferred"),
         CelRule("", "!has(self.training) || !has(self.training.device) || "
                     "((self.training.device != 'cuda' || (has(self.gpusPerNode) && self.gpusPerNode > 0)) && "
                     "(self.training.device != 'cpu' || !has(self.gpusPerNode) || self.gpusPerNode == 0))",
@@ -341,10 +352,12 @@ def status_schema() -> dict[str, Any]:
                    })},
         "lastCheckpoint": _t("string", "Path of the newest checkpoint."),
         "lastCheckpointStep": _t("integer", "Step of the newest checkpoint."),
+        "activity": _t("string", "What rank 0 is doing: training, evaluating or checkpointing.",
+                       enum=["training", "evaluating", "checkpointing"]),
         "updatedAt": _time("When the trainer reported this"),
     })
     condition = _obj("One aspect of the training's state.", {
-        "type": _t("string", "Condition type, e.g. Running, Succeeded, Failed, Suspended, Admitted, Scheduled."),
+        "type": _t("string", "Condition type, e.g. Running, Succeeded, Failed, Suspended, Admitted, Scheduled, Stalled."),
         "status": _t("string", "True, False or Unknown.", enum=["True", "False", "Unknown"]),
         "reason": _t("string", "CamelCase machine-readable reason."),
         "message": _t("string", "Human-readable detail."),
@@ -363,6 +376,8 @@ def status_schema() -> dict[str, Any]:
         "restarts": _t("integer", "Gang restarts after a failure; these count towards failurePolicy.maxRestarts."),
         "preemptions": _t("integer", "Gang restarts after a pod was preempted, evicted or drained "
                                      "(DisruptionTarget); these do not count towards maxRestarts."),
+        "stalls": _t("integer", "Times rank 0's heartbeat stopped for spec.faultTolerance.stallTimeoutSeconds "
+                                "(condition Stalled); under stallAction restart each one is also a restart."),
         "startTime": _time("When the pods first ran"),
         "completionTime": _time("When the training succeeded or failed"),
         "conditions": {"type": "array", "description": "Latest observations, one per type.",

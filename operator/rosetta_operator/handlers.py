@@ -21,6 +21,9 @@ event_memory.py (what repeats cost nothing), progress_round.py with progress.py 
     training pod event, PodScheduled changed  →  scheduling_changed()  →  condition Scheduled (+ Warning)
     TranslationTraining Running or Restarting  →  report_progress() daemon, every --progress-interval s:
         rank 0's pod IP → GET :spec.metrics.port/metrics → progress.py → status.progress (on change)
+        no heartbeat for spec.faultTolerance.stallTimeoutSeconds → stall.py → condition Stalled
+                           + Warning event; stallAction restart: the attempt's Job fails (the JobSet
+                           restarts the gang), fail: the gang stops and the training fails
     any TranslationTraining event  →  count_phases()  →  the rosetta_operator_trainings{phase} gauge
 
 Status is written by one helper, api_calls.write_status, so the reconcile handler and the JobSet
@@ -97,7 +100,7 @@ from rosetta_operator.operator_metrics import (
     record_outcome,
     reset_phase_gauges,
 )
-from rosetta_operator.progress_round import metrics_port, update_progress
+from rosetta_operator.progress_round import StallWatch, metrics_port, update_progress
 from rosetta_operator.render import TRAINING_LABEL, render, suspend_patch
 
 # The apiserver stores JSON nested up to 10,000 levels (its decoder's limit) in the schemaless fields
@@ -272,7 +275,7 @@ def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str, uid: 
         spec_applied = st.Cond(st.ConditionType.SPEC_APPLIED, st.TRUE, st.Reason.SPEC_IN_SYNC)
     suspend = suspend_patch(jobset, training.spec.suspend)
     if suspend is not None and not jobset_finished(jobset) \
-            and not st.is_data_invalid(body.get("status") or {}):  # stopped for good (observe)
+            and not st.stopped_for_good(body.get("status") or {}):  # stopped for good (observe)
         # Suspend is the one change a JobSet takes while it exists: the JobSet controller stops the
         # gang's Jobs and recreates them on resume (from the last checkpoint). Only the user's edit
         # is applied, never the same value again: Kueue may have unsuspended it since.
@@ -677,12 +680,16 @@ async def report_progress(stopped: kopf.DaemonStopped, name: str, namespace: str
     """While the JobSet is live: scrape rank 0 every memo.progress_interval seconds into
     status.progress. A daemon rather than a timer so that the interval is set at startup; async so
     that it holds no worker thread while it waits. kopf stops it when the phase leaves ACTIVE_PHASES
-    (and, like any daemon, keeps a finalizer on the training meanwhile)."""
+    (and, like any daemon, keeps a finalizer on the training meanwhile). It also keeps the heartbeat
+    clock of stall.py between rounds."""
     loop = asyncio.get_running_loop()
+    stalls = StallWatch()
     while not stopped:
         started = time.perf_counter()
         try:
-            outcome = await loop.run_in_executor(None, update_progress, memo.api_client, namespace, name, uid)
+            # The worker thread needs this context: kopf.warn finds kopf's event poster in it.
+            outcome = await loop.run_in_executor(None, contextvars.copy_context().run, update_progress,
+                                                 memo.api_client, namespace, name, uid, stalls)
         except Exception as exc:  # never let a scrape kill the daemon: the next round retries
             logger.warning("progress: %s", exc)
             outcome = "error"

@@ -2,8 +2,10 @@
 handler that mirrors the JobSet (handlers.py) computes before api_calls.write_status writes it.
 
 A failed pod whose termination message is a data error stops the gang at once (DataInvalid): the
-same files would fail every restart. A succeeded JobSet's final figures come from rank 0's
-termination message, as the progress scrapes stop with the pods.
+same files would fail every restart. That, and a stall under stallAction: fail (progress_round.py),
+is failed for good: nothing the suspended JobSet does afterwards changes the status. A succeeded
+JobSet's final figures come from rank 0's termination message, as the progress scrapes stop with
+the pods.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ def observe(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str, 
             current: Mapping[str, Any], jobset: Optional[Mapping[str, Any]] = None, workload: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
     """The desired status for what the JobSet says; `jobset` is one the caller already holds
     (None: read it here), `workload` Kueue's for it (None: listed here when the JobSet waits for it)."""
-    if st.is_data_invalid(current):
+    if st.stopped_for_good(current):
         return dict(current)  # failed for good, its JobSet stopped: nothing it does changes that
     if jobset is None:
         jobset = get_jobset(api, namespace, jobset_name)
@@ -59,7 +61,7 @@ def observe(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str, 
                                     previous_start_time=current.get("startTime"),
                                     previous_restarts=current.get("restarts"),
                                     previous_preemptions=current.get("preemptions"),
-                                    held=held, workload=workload, now=stamp)
+                                    held=held, workload=workload, now=stamp, stalled=st.is_stalled(current))
     desired = st.merge_status(current, observation, now=stamp, generation=parent["metadata"].get("generation"))
     if observation.phase == Phase.SUCCEEDED and current.get("phase") != Phase.SUCCEEDED:
         figures = final_figures(api, namespace, jobset_name)

@@ -1,5 +1,5 @@
 """The operator's own Prometheus metrics: handler calls (outcome, errors, seconds), trainings per
-phase, each training's phase and gang restarts, time to Running, status patches and progress scrapes.
+phase, each training's phase, gang restarts and stall, time to Running, status patches and progress scrapes.
 
 The names are listed in rosetta_contract.metric_names.OPERATOR_METRICS, which the chart's dashboards
 and alerts are checked against; docs/observability.md describes them.
@@ -20,6 +20,7 @@ import prometheus_client
 
 from rosetta_contract.pod_fields import FailurePolicySpec
 from rosetta_contract.resource import PHASES
+from rosetta_operator.status import is_stalled
 
 RECONCILES = prometheus_client.Counter(
     "rosetta_operator_reconciles", "Handler calls by handler and outcome", ["handler", "outcome"])
@@ -46,6 +47,10 @@ TRAINING_RESTARTS = prometheus_client.Gauge(
 TRAINING_MAX_RESTARTS = prometheus_client.Gauge(
     "rosetta_operator_training_max_restarts", "The training's spec.failurePolicy.maxRestarts",
     ["namespace", "training"])
+# Per training, for the stall alert: the operator's own verdict, whatever spec.faultTolerance.stallAction.
+TRAINING_STALLED = prometheus_client.Gauge(
+    "rosetta_operator_training_stalled", "1 while the training's Stalled condition is True (no heartbeat from "
+    "rank 0 for spec.faultTolerance.stallTimeoutSeconds), else 0", ["namespace", "training"])
 # Per training, for an alert per failed training that can be routed by its namespace: the count by
 # phase above says only how many there are, so a second failure beside a first one changes nothing.
 # One series per training, the current phase's; it moves with the phase and goes with the training.
@@ -118,7 +123,7 @@ def reset_phase_gauges() -> None:
         _PHASES.clear()
         _publish_phases()
         for labels in _NAMES.values():
-            for gauge in (TRAINING_RESTARTS, TRAINING_MAX_RESTARTS):
+            for gauge in (TRAINING_RESTARTS, TRAINING_MAX_RESTARTS, TRAINING_STALLED):
                 with contextlib.suppress(KeyError):
                     gauge.remove(*labels)
         _NAMES.clear()
@@ -159,12 +164,12 @@ def _publish_training_phase(event: Mapping[str, Any], body: Mapping[str, Any], u
 
 
 def _publish_restarts(event: Mapping[str, Any], body: Mapping[str, Any], uid: str) -> None:
-    """rosetta_operator_training_(max_)restarts of one training; its series go with it."""
+    """rosetta_operator_training_(max_)restarts and _stalled of one training; its series go with it."""
     meta = body.get("metadata") or {}
     if event.get("type") == "DELETED" or not meta.get("name"):
         labels = _NAMES.pop(uid, None)
         if labels:
-            for gauge in (TRAINING_RESTARTS, TRAINING_MAX_RESTARTS):
+            for gauge in (TRAINING_RESTARTS, TRAINING_MAX_RESTARTS, TRAINING_STALLED):
                 with contextlib.suppress(KeyError):
                     gauge.remove(*labels)
         return
@@ -175,6 +180,7 @@ def _publish_restarts(event: Mapping[str, Any], body: Mapping[str, Any], uid: st
         max_restarts = FailurePolicySpec().max_restarts
     TRAINING_RESTARTS.labels(*labels).set(int((body.get("status") or {}).get("restarts") or 0))
     TRAINING_MAX_RESTARTS.labels(*labels).set(int(max_restarts))
+    TRAINING_STALLED.labels(*labels).set(1 if is_stalled(body.get("status") or {}) else 0)
 
 
 def _publish_phases() -> None:

@@ -20,6 +20,8 @@ JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
 # The progress fields that carry no measurement: a new timestamp alone is not a change.
 VOLATILE = frozenset({"updatedAt"})
+# status.progress.activity for the trainer's rosetta_phase{phase}.
+ACTIVITIES = {"train": "training", "evaluate": "evaluating", "checkpoint": "checkpointing"}
 
 
 def parse_metrics(text: str, prefix: str = "rosetta_") -> dict[str, Any]:
@@ -55,6 +57,13 @@ def _num(metrics: Mapping[str, Any], name: str) -> Optional[float]:
 
 def _round(value: Optional[float], digits: int) -> Optional[float]:
     return None if value is None else round(value, digits)
+
+
+def activity(metrics: Mapping[str, Any]) -> Optional[str]:
+    """What rank 0 says it is doing (rosetta_phase): training, evaluating or checkpointing."""
+    phases = metrics.get("rosetta_phase")
+    current = [p for p, v in phases.items() if v == 1] if isinstance(phases, Mapping) else []
+    return ACTIVITIES.get(current[0]) if len(current) == 1 and isinstance(current[0], str) else None
 
 
 def progress_from(metrics: Mapping[str, Any], *, now: str) -> Optional[dict[str, Any]]:
@@ -102,6 +111,9 @@ def progress_from(metrics: Mapping[str, Any], *, now: str) -> Optional[dict[str,
         progress["lastCheckpointStep"] = int(checkpoint_step)
     if metrics.get("rosetta_last_checkpoint_info"):
         progress["lastCheckpoint"] = str(metrics["rosetta_last_checkpoint_info"])
+    doing = activity(metrics)
+    if doing:
+        progress["activity"] = doing
     progress["updatedAt"] = now
     return progress
 

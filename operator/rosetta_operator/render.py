@@ -8,6 +8,7 @@ only module that knows what our JobSet looks like.
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -19,11 +20,11 @@ import yaml
 from pydantic import BaseModel
 
 from rosetta_contract.exits import DATA_INVALID_EXIT
-from rosetta_contract.pod_fields import DEFAULT_OUTPUT_MOUNT, TRAINER_HOME, TRAINER_UID
+from rosetta_contract.pod_fields import DEFAULT_OUTPUT_MOUNT, TRAINER_HOME, TRAINER_UID, is_under
 from rosetta_contract.profiles import EFA_RESOURCE, PROFILES
 from rosetta_contract.resource import API_VERSION, KIND
 from rosetta_contract.spec import TranslationTrainingSpec
-from rosetta_contract.strict_model import ConfigError
+from rosetta_contract.strict_model import ConfigError, clip
 
 REPLICATED_JOB = "node"
 # model.source / data.source, and data.prepare: BeforeTraining: one pod that copies them onto the
@@ -38,6 +39,10 @@ COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
+# Kueue's topology-aware scheduling reads these from each replicated job's pod template: that
+# replicated job is one PodSet, and Kueue finds it one domain of the named level.
+KUEUE_TOPOLOGY = {"Required": "kueue.x-k8s.io/podset-required-topology",
+                  "Preferred": "kueue.x-k8s.io/podset-preferred-topology"}
 TRAINING_LABEL = "rosetta.dev/training"
 # The spec.suspend the user asked for that the operator last applied to the JobSet. Not the
 # JobSet's own spec.suspend: Kueue flips that on admission and eviction, and a reconcile must
@@ -194,6 +199,40 @@ def output_mount(spec: TranslationTrainingSpec) -> str:
     return vol.mount_path if vol else DEFAULT_OUTPUT_MOUNT
 
 
+def own_directory_problems(name: str, spec: TranslationTrainingSpec) -> list[tuple[str, str]]:
+    """Where this training's checkpoints would leave its own directory, <output mount>/<name>.
+
+    Trainings share a claim, each in the directory named after it; the newest checkpoint under
+    checkpoint.dir is resumed from and the older ones are pruned. An absolute checkpoint.dir outside
+    the training's directory, or a volume mounted inside it (another directory of a claim, maybe
+    another training's, in place of what it holds), would resume from and prune another training's
+    checkpoints. An emptyDir is the pod's own, so a dir on one is no other training's. A relative
+    dir stays inside ('..' is refused with the spec). Only here, where the name is known:
+    `rosetta train` on one machine writes wherever it is told.
+    """
+    root = f"{output_mount(spec)}/{name}"
+    problems = []
+    directory = spec.checkpoint.dir
+    if directory is not None and directory.startswith("/"):
+        path = posixpath.normpath(directory)
+        # The innermost mount holds the path: an emptyDir at /scratch does not make /scratch/claim private.
+        holder = max((v for v in spec.volumes if is_under(path, v.mount_path)),
+                     key=lambda v: len(v.mount_path), default=None)
+        if not is_under(path, root) and (holder is None or holder.empty_dir is None):
+            problems.append(("spec.checkpoint.dir", f"an absolute checkpoint dir must be under this training's own "
+                                                    f"directory {root}/ (the checkpoints volume's mountPath, then the "
+                                                    f"training's name), which no other training writes, or on an "
+                                                    f"emptyDir volume; {clip(directory, 200)} is neither. A relative "
+                                                    "dir is resolved under the training's directory"))
+    for i, volume in enumerate(spec.volumes):
+        if is_under(volume.mount_path, root):
+            problems.append((f"spec.volumes[{i}].mountPath", f"{volume.mount_path} is inside this training's own "
+                                                             f"directory {root}, where its checkpoints are: a volume "
+                                                             "mounted there would put another directory in their "
+                                                             "place; mount it elsewhere"))
+    return problems
+
+
 # The kubelet's grace between SIGTERM and SIGKILL when the pod does not set one.
 DEFAULT_GRACE_PERIOD_SECONDS = 30
 
@@ -235,6 +274,27 @@ def profile_env(spec: TranslationTrainingSpec) -> list[dict[str, Any]]:
     """The profile's env, less what the user sets of the names they may (profiles.USER_OVERRIDABLE)."""
     own = {var.name for var in spec.env}
     return [{"name": k, "value": v} for k, v in PROFILES[spec.network.profile].env.items() if k not in own]
+
+
+def fault_tolerance_env(spec: TranslationTrainingSpec) -> list[dict[str, Any]]:
+    """NCCL's side of spec.faultTolerance, with GPUs (NCCL) only; a name the user sets in spec.env is
+    theirs. The trainer itself gives every process group collectiveTimeoutSeconds.
+
+    On a timeout NCCL's watchdog aborts the communicators and the trainer's next call raises, which it
+    exits with CollectiveTimeout (75) for (2: abort, do not tear the process down from the watchdog
+    thread, where no exit status can be chosen). Should the abort itself hang, the heartbeat monitor
+    takes the process down after the same timeout; should even that fail, the operator's stall
+    timeout ends the attempt.
+    """
+    if not spec.gpus_per_node:
+        return []
+    values = {
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2",
+        "TORCH_NCCL_ENABLE_MONITORING": "1",
+        "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": str(spec.fault_tolerance.collective_timeout_seconds),
+    }
+    own = {var.name for var in spec.env}
+    return [{"name": k, "value": v} for k, v in values.items() if k not in own]
 
 
 def user_env(spec: TranslationTrainingSpec) -> list[dict[str, Any]]:
@@ -387,6 +447,12 @@ def scheduling(spec: TranslationTrainingSpec) -> tuple[dict[str, Any], list[dict
     return selector, tolerations
 
 
+def topology_annotations(spec: TranslationTrainingSpec) -> dict[str, str]:
+    """The gang's Kueue topology request; the stage pod runs alone, before the gang, and asks none."""
+    topology = spec.scheduling.topology
+    return {KUEUE_TOPOLOGY[topology.mode]: topology.level} if topology is not None else {}
+
+
 def _drop_unset_nones(model: BaseModel, dumped: dict[str, Any]) -> dict[str, Any]:
     """Drop `key: null` where null is the field's default; a null that overrides a
     default (clipGradNorm: null disables clipping) must stay."""
@@ -438,6 +504,9 @@ def _render_template(template: str, **context: Any) -> dict[str, Any]:
 def render(name: str, namespace: str, spec: TranslationTrainingSpec, owner: Mapping[str, Any] | None = None) -> Rendered:
     """What the operator creates for TranslationTraining `namespace/name`."""
     names = resource_names(name, spec.nodes)
+    outside = own_directory_problems(name, spec)
+    if outside:
+        raise ConfigError(outside)
     labels = labels_for(name)
     owners = owner_references(owner)
     configmap = _render_template(
@@ -457,13 +526,14 @@ def render(name: str, namespace: str, spec: TranslationTrainingSpec, owner: Mapp
         "jobset.yaml.j2", spec=spec, names=names, namespace=namespace, labels=labels,
         jobset_labels=jobset_labels, jobset_annotations=annotations, owner_references=owners,
         suspend=jobset_suspend(spec), failure_policy=failure_policy(spec), pod_failure_policy=pod_failure_policy(),
-        pod_annotations={"kubectl.kubernetes.io/default-container": "trainer"},
+        pod_annotations={"kubectl.kubernetes.io/default-container": "trainer", **topology_annotations(spec)},
         image_pull_secrets=[{"name": s} for s in spec.image_pull_secrets],
         node_selector=node_selector, tolerations=tolerations,
         security_context=pod_security_context(spec), container_security_context=container_security_context(),
         automount_token=spec.pod_security.automount_service_account_token,
         command=command(spec),
-        env=launcher_env(spec, names) + profile_env(spec) + s3_credentials_env(spec) + tracking_env(spec)
+        env=launcher_env(spec, names) + profile_env(spec) + fault_tolerance_env(spec) + s3_credentials_env(spec)
+        + tracking_env(spec)
         + user_env(spec),
         ports=[{"name": "metrics", "containerPort": metrics_port, "protocol": "TCP"}] if metrics_port else [],
         resources=resources(spec), volume_mounts=mounts, volumes=pod_volumes,

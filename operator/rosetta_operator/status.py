@@ -28,6 +28,7 @@ class ConditionType:
     ADMITTED = "Admitted"          # Kueue admitted the JobSet; set only with scheduling.queueName
     SCHEDULED = "Scheduled"        # no pod waits for a node; set once a pod was unschedulable
     EVALUATED = "Evaluated"        # the after-training evaluation finished; set only with afterTraining
+    STALLED = "Stalled"            # rank 0's heartbeat stopped (stall.py); set once a training stalled
 
     # The conditions that mirror the JobSet; always all present so `kubectl wait` never sees a gap.
     FROM_JOBSET = (RUNNING, SUSPENDED, SUCCEEDED, FAILED)
@@ -63,6 +64,9 @@ class Reason:
     EVALUATION_RUNNING = "EvaluationRunning"
     EVALUATION_SUCCEEDED = "EvaluationSucceeded"
     EVALUATION_FAILED = "EvaluationFailed"
+    STALLED = "Stalled"            # the Warning event of a stall, and Failed's reason under stallAction: fail
+    NO_HEARTBEAT = "NoHeartbeat"   # Stalled=True
+    HEARTBEAT = "Heartbeat"        # Stalled=False: rank 0 beats again
 
 
 TRUE, FALSE = "True", "False"
@@ -203,16 +207,18 @@ def restart_counts(jobset: Mapping[str, Any]) -> tuple[int, int]:
 
 
 def _restart_message(jobset: Mapping[str, Any], failures: int, preemptions: int, previous_restarts: Optional[int],
-                     previous_preemptions: Optional[int], ready_text: str) -> str:
+                     previous_preemptions: Optional[int], ready_text: str, stalled: bool = False) -> str:
     """`restart 3 after a preemption: 0/1 jobs ready (failures 1/3, preemptions 2)`. The cause is
     the one counter that grew since the previous status, else the only kind there has been; when
-    neither tells (both kinds, no growth seen) it is left out rather than guessed."""
+    neither tells (both kinds, no growth seen) it is left out rather than guessed. A failure while
+    the training is Stalled is the operator's own end of the stalled attempt: "after a stall"."""
     grew_preemptions = preemptions > int(previous_preemptions or 0)
     grew_failures = failures > int(previous_restarts or 0)
+    failure = " after a stall" if stalled else " after a failure"
     if grew_preemptions != grew_failures:
-        cause = " after a preemption" if grew_preemptions else " after a failure"
+        cause = " after a preemption" if grew_preemptions else failure
     elif not (failures and preemptions):
-        cause = " after a preemption" if preemptions else " after a failure"
+        cause = " after a preemption" if preemptions else failure
     else:
         cause = ""
     limit = ((jobset.get("spec") or {}).get("failurePolicy") or {}).get("maxRestarts")
@@ -271,7 +277,7 @@ def workload_admission(workload: Optional[Mapping[str, Any]], queue: str) -> Con
 def observe_jobset(jobset: Optional[Mapping[str, Any]], *, previous_phase: Optional[str] = None,
                    previous_start_time: Optional[str] = None, previous_restarts: Optional[int] = None,
                    previous_preemptions: Optional[int] = None, held: bool = False,
-                   workload: Optional[Mapping[str, Any]] = None, now: str = "") -> Observation:
+                   workload: Optional[Mapping[str, Any]] = None, now: str = "", stalled: bool = False) -> Observation:
     """Map a JobSet (spec + status, as read from the API) to our phase and conditions.
 
     Precedence follows what a user would want to know first: finished beats suspended beats
@@ -279,7 +285,7 @@ def observe_jobset(jobset: Optional[Mapping[str, Any]], *, previous_phase: Optio
     the JobSet's own ttlSecondsAfterFinished and changes nothing; before, somebody deleted it and
     training is lost. `held` says the user holds the training: its spec.suspend, or under a queue
     its Workload held inactive (see handlers.observe); Kueue's decision is `workload` (None: not
-    known).
+    known). `stalled`: the training's Stalled condition is True (a restart then is the stall's).
     """
     not_suspended = Cond(ConditionType.SUSPENDED, FALSE, Reason.NOT_SUSPENDED)
     not_succeeded = Cond(ConditionType.SUCCEEDED, FALSE, Reason.NOT_FINISHED)
@@ -365,7 +371,7 @@ def observe_jobset(jobset: Optional[Mapping[str, Any]], *, previous_phase: Optio
 
     if failures or preemptions:
         message = _restart_message(jobset, failures, preemptions, previous_restarts, previous_preemptions,
-                                   ready_text)
+                                   ready_text, stalled)
         reason = Reason.RESTARTING
         phase = Phase.RESTARTING
     elif staging(jobset):
@@ -422,6 +428,31 @@ def data_invalid_message(pods: Iterable[Mapping[str, Any]]) -> Optional[str]:
 
 def is_data_invalid(status: Mapping[str, Any]) -> bool:
     return _is_true(condition(status, ConditionType.DATA_INVALID))
+
+
+def is_stalled(status: Mapping[str, Any]) -> bool:
+    return _is_true(condition(status, ConditionType.STALLED))
+
+
+def stopped_for_good(status: Mapping[str, Any]) -> bool:
+    """The operator stopped the gang and failed the training (DataInvalid, or a stall under
+    stallAction: fail): nothing its suspended JobSet does changes that."""
+    failed = condition(status, ConditionType.FAILED)
+    return is_data_invalid(status) or (_is_true(failed) and failed.get("reason") == Reason.STALLED)
+
+
+def observe_stall_failure(message: str, *, restarts: Optional[int] = None, preemptions: Optional[int] = None,
+                          start_time: Optional[str] = None, now: str = "") -> Observation:
+    """stallAction: fail: failed for good, the gang stopped as for a data error."""
+    reason = Reason.STALLED
+    return Observation(
+        Phase.FAILED, truncate(f"stalled: {message}"),
+        (Cond(ConditionType.RUNNING, FALSE, reason, message),
+         Cond(ConditionType.SUSPENDED, FALSE, Reason.NOT_SUSPENDED),
+         Cond(ConditionType.SUCCEEDED, FALSE, Reason.NOT_FINISHED),
+         Cond(ConditionType.FAILED, TRUE, reason, message)),
+        restarts, preemptions, start_time, now or None,
+    )
 
 
 def observe_data_invalid(message: str, *, restarts: Optional[int] = None, preemptions: Optional[int] = None,

@@ -200,12 +200,16 @@ def test_install_without_jobset_fails_saying_how_to_install_it(tmp_path):
             "clusters": [{"name": "c", "cluster": {"server": url}}], "users": [{"name": "u", "user": {}}],
             "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
         # --dry-run=server: the templates see the cluster as `helm install` does, and nothing is written.
-        refused = helm(None, tmp_path, "template", "r", str(CHART), "--dry-run=server", kubeconfig=str(kubeconfig))
+        # `helm template` still checks kubeVersion against --kube-version (default 1.20), not the server.
+        kube = ["--kube-version", versions()["KUBERNETES_VERSION"]]
+        refused = helm(None, tmp_path, "template", "r", str(CHART), "--dry-run=server", *kube,
+                       kubeconfig=str(kubeconfig))
         assert refused.returncode != 0
         assert "JobSet is not installed in this cluster (no CustomResourceDefinition jobsets.jobset.x-k8s.io)" \
             in refused.stderr, refused.stderr
         assert "kubectl apply --server-side -f https://github.com/kubernetes-sigs/jobset/releases/download/v0.12.0/" \
             "manifests.yaml" in refused.stderr
-        skipped = helm(None, tmp_path, "template", "r", str(CHART), "--dry-run=server", "--set", "jobset.requireCRD=false",
+        skipped = helm(None, tmp_path, "template", "r", str(CHART), "--dry-run=server", *kube,
+                       "--set", "jobset.requireCRD=false",
                        kubeconfig=str(kubeconfig))
         assert skipped.returncode == 0, skipped.stderr

@@ -59,19 +59,21 @@ def bound_claim(cluster, namespace: str, claim: str, size: str = "10Gi", folder:
 
 
 def kueue_queue(cluster, namespace: str, local_queue: str, cluster_queue: str, gpus: int,
-                cpu: int = 1000, memory: str = "10000Gi") -> None:
-    """A ClusterQueue with a GPU quota (one ResourceFlavor) and a LocalQueue in `namespace`."""
+                cpu: int = 1000, memory: str = "10000Gi", flavor: str = "default-flavor") -> None:
+    """A ClusterQueue with a GPU quota (one ResourceFlavor) and a LocalQueue in `namespace`. The
+    default flavor, made here, stands for every node; another `flavor` must exist already."""
     custom = cluster.custom
-    _create(lambda: custom.create_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, "resourceflavors", {
-        "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}", "kind": "ResourceFlavor",
-        "metadata": {"name": "default-flavor"}}))
+    if flavor == "default-flavor":
+        _create(lambda: custom.create_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, "resourceflavors", {
+            "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}", "kind": "ResourceFlavor",
+            "metadata": {"name": "default-flavor"}}))
     resources = [("cpu", cpu), ("memory", memory), ("nvidia.com/gpu", gpus), ("vpc.amazonaws.com/efa", 1000)]
     _create(lambda: custom.create_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, "clusterqueues", {
         "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}", "kind": "ClusterQueue",
         "metadata": {"name": cluster_queue},
         "spec": {"namespaceSelector": {}, "resourceGroups": [{
             "coveredResources": [r for r, _ in resources],
-            "flavors": [{"name": "default-flavor",
+            "flavors": [{"name": flavor,
                          "resources": [{"name": r, "nominalQuota": q} for r, q in resources]}]}]}}))
     _create(lambda: custom.create_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, namespace, "localqueues", {
         "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}", "kind": "LocalQueue",

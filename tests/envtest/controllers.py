@@ -200,6 +200,27 @@ def _kueue_webhook_wanted(hook: Mapping) -> bool:
     return any(part in path for part in ("-kueue-x-k8s-io-", "-batch-v1-job", "-jobset-x-k8s-io-"))
 
 
+# The CRDs upstream's config/components/crd/kustomization.yaml hands to Kueue's conversion webhook:
+# v1beta1 is their storage version and Kueue reads and writes v1beta2. Without it the apiserver only
+# relabels the version, and whatever v1beta2 writes differently is pruned on the way to storage, e.g. a
+# Workload's topology assignment (v1beta1 lists domains, v1beta2 slices).
+KUEUE_CONVERTED = ("clusterqueues", "cohorts", "localqueues", "multikueueclusters", "workloads")
+
+
+def convert_through(cp: ControlPlane, group: str, plurals: Iterable[str], port: int, ca_pem: bytes) -> None:
+    """Point the CRDs' conversion at the controller's /convert on 127.0.0.1:`port`."""
+    import kubernetes
+
+    api = kubernetes.config.new_client_from_config(config_file=str(cp.kubeconfig))
+    ext = kubernetes.client.ApiextensionsV1Api(api)
+    webhook = {"clientConfig": {"url": f"https://127.0.0.1:{port}/convert", "caBundle": base64.b64encode(ca_pem).decode()},
+               "conversionReviewVersions": ["v1"]}
+    for plural in plurals:
+        ext.patch_custom_resource_definition(f"{plural}.{group}", {"spec": {"conversion": {
+            "strategy": "Webhook", "webhook": webhook}}})
+    api.close()
+
+
 def start_kueue(cp: ControlPlane, assets: Assets) -> None:
     name = "kueue"
     subprocess.run([cp.kubectl, "--kubeconfig", str(cp.kubeconfig), "create", "namespace", "kueue-system"],
@@ -226,6 +247,7 @@ def start_kueue(cp: ControlPlane, assets: Assets) -> None:
     _wait_healthy(cp, name, health)
     apply_webhooks(cp, webhook_configurations(assets.manifests / "kueue" / "manifests.yaml", "kueue", port,
                                               cert.ca_pem, keep=_kueue_webhook_wanted))
+    convert_through(cp, "kueue.x-k8s.io", KUEUE_CONVERTED, port, cert.ca_pem)
 
 
 # ----------------------------------------------------------------------------- kwok

@@ -105,7 +105,7 @@ def test_progress_comes_from_rank0s_endpoint(cluster, namespace, fast_progress, 
             "loss": 2.25, "learningRate": 5e-4, "tokensPerSecond": 1500.0, "etaSeconds": 240.0,
             "bleu": 27.5, "bestBleu": 27.5, "lastCheckpointStep": 100,
             "lastCheckpoint": "/checkpoints/mt/checkpoints/step-00000100",
-            "gender": {"de": {"gapBleu": 1.0}}, "genderGapBleu": 1.0}
+            "gender": {"de": {"gapBleu": 1.0}}, "genderGapBleu": 1.0, "activity": "training"}
 
         # The trainer moves on: so does the status.
         trainer.log_step({**STEP, "step": 300, "loss": 1.5})

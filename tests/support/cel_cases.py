@@ -36,6 +36,7 @@ def _without_training(**patch) -> dict:
     return raw
 
 
+_BLOCK = {"level": "cloud.google.com/gce-topology-block"}
 _TEST = {"sourceLang": "en", "targetLangs": ["de"], "test": [{"format": "generated", "size": 10}]}
 
 
@@ -127,6 +128,15 @@ CASES = [
                                  volumes=SHARED_CHECKPOINTS), True),
     ("exclusive hostname on many nodes", _raw(nodes=2, scheduling={"exclusiveTopology": "kubernetes.io/hostname"},
                                               volumes=SHARED_CHECKPOINTS), False),
+    ("topology through a queue", _raw(nodes=4, scheduling={"queueName": "team", "topology": _BLOCK},
+                                      volumes=SHARED_CHECKPOINTS), True),
+    ("preferred hostname topology on many nodes", _raw(nodes=2, scheduling={"queueName": "team", "topology": {
+        "level": "kubernetes.io/hostname", "mode": "Preferred"}}, volumes=SHARED_CHECKPOINTS), True),
+    ("topology without a queue", _raw(scheduling={"topology": _BLOCK}), False),
+    ("topology and exclusiveTopology", _raw(scheduling={"queueName": "team", "topology": _BLOCK,
+                                                        "exclusiveTopology": "cloud.google.com/gke-nodepool"}), False),
+    ("required hostname topology on many nodes", _raw(nodes=2, scheduling={"queueName": "team", "topology": {
+        "level": "kubernetes.io/hostname"}}, volumes=SHARED_CHECKPOINTS), False),
     ("one node without a checkpoints volume", _raw(nodes=1), True),
     ("one node with emptyDir checkpoints", _raw(volumes=[{"name": "c", "mountPath": "/c", "purpose": "checkpoints",
                                                           "emptyDir": {}}]), True),

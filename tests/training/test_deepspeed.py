@@ -2,12 +2,15 @@
 
 One DDP run is the reference. ZeRO-2, and ZeRO-3 with optimizer and parameter offload
 (stopped halfway and resumed from its DeepSpeed checkpoint), must log the same losses
-for the same seed; evaluation with generation runs under ZeRO-3 on uneven shards; the
+for the same seed; ZeRO-2 resumes exactly from a copy of its checkpoint, and a copy with a
+planted pickle in DeepSpeed's own files is refused without running it; evaluation with generation runs under ZeRO-3 on uneven shards; the
 consolidated Hugging Face export loads, translates and holds the weights DDP reached.
 """
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -85,6 +88,56 @@ def test_zero3_resumes_from_its_deepspeed_checkpoint(runs):
     assert config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
     assert config["zero_optimization"]["offload_param"]["device"] == "cpu"
     assert json.loads((out / "deepspeed_config.json").read_text()) == config
+
+
+def resumable_copy(runs, name: str, tmp_path: Path) -> Path:
+    """A new output directory whose only checkpoint is a copy of run `name`'s step 6."""
+    out = tmp_path / name
+    shutil.copytree(runs["out"][name] / "checkpoints" / "step-00000006", out / "checkpoints" / "step-00000006")
+    return out
+
+
+def test_zero2_resumes_exactly_from_its_deepspeed_checkpoint(runs, tmp_path):
+    out = resumable_copy(runs, "zero2", tmp_path)
+    summary = torchrun_training(deep_update(BASE, {"spec": ZERO2}), out, 2)
+    assert summary["resumed_from_step"] == 6 and summary["steps"] == STEPS
+    whole = logged_losses(runs["out"]["zero2"])
+    # Optimizer shards, loss scaler, schedule, data position and RNG all restored: the same numbers.
+    assert logged_losses(out) == {step: whole[step] for step in range(7, STEPS + 1)}
+
+
+class Planted:
+    """Unpickling this would create a file: the stand-in for any code a pickle can run."""
+
+    def __init__(self, target: str):
+        self.target = target
+
+    def __reduce__(self):
+        return os.mknod, (self.target,)
+
+
+@pytest.mark.parametrize(("name", "shard"), [("zero2", "mp_rank_00_model_states.pt"),
+                                             ("zero3", "zero_pp_rank_1_mp_rank_00_optim_states.pt")])
+def test_a_planted_pickle_in_a_deepspeed_shard_is_refused_and_not_run(runs, tmp_path, name, shard):
+    """Whoever can write the shared claim or the S3 prefix can replace a shard: DeepSpeed itself would
+    unpickle it with weights_only=False, on every rank that reads it."""
+    out = resumable_copy(runs, name, tmp_path)
+    target = tmp_path / "ran"
+    torch.save({"payload": Planted(str(target))}, out / "checkpoints" / "step-00000006" / "deepspeed" / shard)
+    config = out.parent / f"{name}.yaml"
+    config.write_text(yaml.safe_dump(deep_update(BASE, {"spec": ZERO2 if name == "zero2" else ZERO3_OFFLOAD})))
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          "-m", "rosetta_trainer", "train", "-f", str(config), "--output", str(out), "--no-progress"],
+                         capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    logs = res.stdout + res.stderr
+    assert res.returncode != 0, logs[-3000:]
+    # The rank that read it exits 2 (rosetta_contract.exits, UnsafeCheckpointError); torchrun exits 1.
+    assert re.search(rf"error: \S*{shard} holds objects a checkpoint never has \(refused, not run\).*posix\.mknod",
+                     logs), logs[-3000:]
+    assert re.search(r"exitcode\s*:\s*2\b", logs), logs[-3000:]
+    assert not target.exists()
+    assert not (out / "summary.json").exists()
 
 
 def test_generation_under_zero3_completes_on_uneven_shards(runs):

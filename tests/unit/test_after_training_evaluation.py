@@ -97,9 +97,9 @@ def test_the_job_mounts_the_trainings_volumes_and_keeps_its_security_context():
 
 
 def test_an_absolute_checkpoint_dir_is_read_where_the_trainer_wrote_it():
-    job = job_of(checkpoint={"dir": "/runs/shared/ckpt"})
+    job = job_of(checkpoint={"dir": "/runs/mt/ckpt"})
     command = job["spec"]["template"]["spec"]["containers"][0]["command"]
-    assert command[command.index("--checkpoint") + 1] == "/runs/shared/ckpt"
+    assert command[command.index("--checkpoint") + 1] == "/runs/mt/ckpt"
 
 
 def test_the_job_passes_the_jobs_pod_template_schema():

@@ -20,7 +20,7 @@ NODE_PACKAGES = REPO / "tests" / "envtest" / "node-packages.sh"
 DEFAULT_BASE = yaml.safe_load((CHART / "values.yaml").read_text())["monitoring"]["prometheusRule"]["runbookBaseUrl"]
 ALL_ON = {"monitoring": {"prometheusRule": {"enabled": True}, "serviceMonitor": {"enabled": True}}}
 ALERTS = {"RosettaTrainingNoProgress", "RosettaTrainingLossNaN", "RosettaTrainingRestarting",
-          "RosettaTrainingRestartsBurning", "RosettaTrainingFailed", "RosettaOperatorDown"}
+          "RosettaTrainingRestartsBurning", "RosettaTrainingFailed", "RosettaTrainingStalled", "RosettaOperatorDown"}
 
 
 def rule_groups(values: dict = ALL_ON) -> list[dict]:

@@ -80,7 +80,7 @@ NAMESPACED = {
 } | {
     ("jobset.x-k8s.io", "jobsets", v) for v in ("get", "list", "watch", "create", "patch")
 } | {
-    ("batch", "jobs", v) for v in ("get", "list", "watch", "create")
+    ("batch", "jobs", v) for v in ("get", "list", "watch", "create", "patch")
 } | {
     ("", "configmaps", "get"), ("", "configmaps", "create"), ("", "configmaps", "patch"),
     ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"), ("", "events", "create"),
@@ -483,7 +483,9 @@ def alerts(objects: list[dict]) -> dict[str, dict]:
 def test_alerts():
     rules = alerts(render(MONITORS_ON, api_versions=MONITORING_APIS))
     assert set(rules) == {"RosettaTrainingNoProgress", "RosettaTrainingLossNaN", "RosettaTrainingRestarting",
-                          "RosettaTrainingRestartsBurning", "RosettaTrainingFailed", "RosettaOperatorDown"}
+                          "RosettaTrainingRestartsBurning", "RosettaTrainingFailed", "RosettaTrainingStalled",
+                          "RosettaOperatorDown"}
+    assert "max_over_time(rosetta_operator_training_stalled[15m])" in rules["RosettaTrainingStalled"]["expr"]
     assert "rosetta_step[15m]" in rules["RosettaTrainingNoProgress"]["expr"]
     assert "rosetta_world_size" in rules["RosettaTrainingNoProgress"]["expr"]
     assert "rosetta_loss != rosetta_loss" in rules["RosettaTrainingLossNaN"]["expr"]

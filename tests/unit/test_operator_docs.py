@@ -5,9 +5,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import yaml
 from pydantic import BaseModel
 
 from rosetta_contract.config import TrainerSpec
+from rosetta_contract.pod_fields import SchedulingSpec
 from rosetta_contract.spec import TranslationTrainingSpec
 from rosetta_operator import status as st
 from rosetta_operator.crd import PRINTER_COLUMNS
@@ -51,3 +53,20 @@ def test_commands_are_documented():
     for command in ("rosetta validate -f", "rosetta render -f", "rosetta crd", "rosetta operator",
                     "kubectl apply -f manifests/crd.yaml"):
         assert command in DOC, command
+
+
+def test_the_topology_example_fits_the_kueue_objects_beside_it():
+    """The section's training, LocalQueue, ClusterQueue, ResourceFlavor and Topology name one another."""
+    section = DOC[DOC.index("### Topology-aware placement"):]
+    section = section[:section.index("\n### ", 1)]
+    docs = [d for block in re.findall(r"```yaml\n(.*?)```", section, re.S) for d in yaml.safe_load_all(block) if d]
+    training = docs[0]["spec"]
+    scheduling = SchedulingSpec.model_validate(training["scheduling"], by_name=False)
+    by_kind = {(d["kind"], d["metadata"]["name"]): d for d in docs[1:]}
+    queue = by_kind["LocalQueue", scheduling.queue_name]
+    (flavor,) = by_kind["ClusterQueue", queue["spec"]["clusterQueue"]]["spec"]["resourceGroups"][0]["flavors"]
+    topology = by_kind["Topology", by_kind["ResourceFlavor", flavor["name"]]["spec"]["topologyName"]]
+    assert scheduling.topology is not None
+    assert scheduling.topology.level in [level["nodeLabel"] for level in topology["spec"]["levels"]]
+    flavors = [d for d in docs[1:] if d["kind"] == "ResourceFlavor"]  # EKS and GKE
+    assert len(flavors) == 2 and all(("Topology", f["spec"]["topologyName"]) in by_kind for f in flavors)

@@ -66,6 +66,20 @@ def test_progress_edge_cases(metrics, expected):
     assert pr.progress_from(metrics, now=NOW) == expected
 
 
+@pytest.mark.parametrize("phases, activity", [
+    ({"train": 1.0, "evaluate": 0.0, "checkpoint": 0.0}, "training"),
+    ({"train": 0.0, "evaluate": 1.0, "checkpoint": 0.0}, "evaluating"),
+    ({"train": 0.0, "evaluate": 0.0, "checkpoint": 1.0}, "checkpointing"),
+    ({"train": 1.0, "evaluate": 1.0}, None),   # not one thing: not said
+    ({"sleeping": 1.0}, None),
+])
+def test_progress_says_what_rank_0_is_doing(phases, activity):
+    p = pr.progress_from({"rosetta_step": 3.0, "rosetta_phase": phases}, now=NOW)
+    assert p.get("activity") == activity
+    declared = status_schema()["properties"]["progress"]["properties"]["activity"]["enum"]
+    assert activity is None or activity in declared
+
+
 def test_only_a_moved_figure_is_a_change():
     p = pr.progress_from(pr.parse_metrics(TEXT), now=NOW)
     assert not pr.changed(p, {**p, "updatedAt": "2026-01-01T00:00:15Z"})

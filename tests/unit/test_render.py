@@ -299,6 +299,34 @@ def test_scheduling_fields():
                                    APPLIED_SUSPEND: "false"}
 
 
+@pytest.mark.parametrize("mode, annotation", [
+    ({}, "kueue.x-k8s.io/podset-required-topology"),
+    ({"mode": "Required"}, "kueue.x-k8s.io/podset-required-topology"),
+    ({"mode": "Preferred"}, "kueue.x-k8s.io/podset-preferred-topology"),
+], ids=["default", "required", "preferred"])
+def test_topology_is_kueues_annotation_on_the_gangs_pod_template(mode, annotation):
+    level = "topology.k8s.aws/network-node-layer-3"
+    rendered = build(nodes=4, volumes=SHARED, scheduling={"queueName": "team-a", "topology": {"level": level, **mode}})
+    (gang,) = rendered.jobset["spec"]["replicatedJobs"]
+    # Kueue reads it from each replicated job's pod template (one PodSet each), nowhere else.
+    assert gang["template"]["spec"]["template"]["metadata"]["annotations"] == {
+        "kubectl.kubernetes.io/default-container": "trainer", annotation: level}
+    assert "annotations" not in gang["template"]["metadata"]
+    assert rendered.jobset["metadata"]["annotations"] == {APPLIED_SUSPEND: "false"}
+    assert rendered.jobset["spec"]["suspend"] is True  # Kueue admits it, and only then places it
+
+
+def test_the_stage_pod_asks_for_no_topology():
+    rendered = build(nodes=2, volumes=SHARED, data={**TRAINER["data"], "prepare": "BeforeTraining"},
+                     scheduling={"queueName": "q", "topology": {"level": "cloud.google.com/gce-topology-block"}})
+    stage, gang = rendered.jobset["spec"]["replicatedJobs"]
+    assert stage["name"] == "stage"
+    assert not any(k.startswith("kueue.x-k8s.io/")
+                   for k in stage["template"]["spec"]["template"]["metadata"]["annotations"])
+    assert gang["template"]["spec"]["template"]["metadata"]["annotations"][
+        "kueue.x-k8s.io/podset-required-topology"] == "cloud.google.com/gce-topology-block"
+
+
 def test_lifecycle_and_identity_fields():
     rendered = build(suspend=True, failurePolicy={"maxRestarts": 7}, ttlSecondsAfterFinished=600,
                      serviceAccountName="trainer", imagePullSecrets=["regcred", "mirror"],

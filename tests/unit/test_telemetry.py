@@ -197,3 +197,31 @@ def test_gender_figures_reach_the_endpoint_and_the_status_per_language(tmp_path)
     assert progress["genderGapBleu"] == 1.0  # the mean over languages, signed
     schema = status_schema()["properties"]["progress"]["properties"]
     assert set(progress["gender"]["de"]) <= set(schema["gender"]["additionalProperties"]["properties"])
+
+
+def test_heartbeat_moves_with_each_unit_of_work_and_never_by_itself(tmp_path):
+    import time
+
+    t = serving_telemetry(tmp_path, name="run-a")
+    port = t.port
+    run = (("namespace", "team"), ("training", "run-a"))
+
+    def heartbeat() -> float:
+        return scrape(port)[("rosetta_heartbeat_timestamp_seconds", run)]
+
+    try:
+        started = heartbeat()
+        assert abs(started - time.time()) < 60  # set when the endpoint starts: the stall clock can start
+        time.sleep(0.05)
+        assert heartbeat() == started  # no timer beats in the background
+        t.beat()
+        stepped = heartbeat()
+        assert stepped > started
+        time.sleep(0.05)
+        with t.phase("checkpoint"):
+            saving = heartbeat()
+            assert saving > stepped
+        assert heartbeat() > saving  # the end of a save is a beat too
+    finally:
+        t.close()
+    Telemetry(tmp_path, name="x", namespace=None, port=0, tensorboard=False, enabled=False).beat()  # other ranks

@@ -59,7 +59,7 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # Our own bar and log lines report progress; per-save "Writing model shards" bars are noise.
     transformers.utils.logging.disable_progress_bar()
-    world = init_world(spec.training.device)
+    world = init_world(spec.training.device, timeout_s=spec.fault_tolerance.collective_timeout_seconds)
     logging.basicConfig(level=logging.INFO if world.is_main else logging.WARNING,
                         format=f"%(asctime)s rank{world.rank} %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("rosetta_trainer")

@@ -208,7 +208,8 @@ def average_at_end(spec, summary: dict, ckpt_root: Path, world, tokenizer, valid
     for split, examples in (("validation", validation[: ev.max_samples] if ev.max_samples else validation),
                             ("test", test)):
         if examples and ev.at_end:
-            scores, _ = evaluate_examples(model, tokenizer, examples, spec, world)
+            with telemetry.phase("evaluate"):  # a beat per batch, as during training
+                scores, _ = evaluate_examples(model, tokenizer, examples, spec, world, on_batch=telemetry.beat)
             result[split] = scores
             if world.is_main:
                 telemetry.log_eval({"step": summary["steps"], "split": f"{split}-averaged", **scores})

@@ -33,7 +33,7 @@ import shutil
 import socket
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -255,13 +255,16 @@ class UnsafeCheckpointError(RuntimeError):
 NUMPY_ARRAY_GLOBALS = [np.ndarray, np.dtype, np._core.multiarray._reconstruct, type(np.dtype(np.uint32))]
 
 
-def load_state_file(path: Path, map_location=None):
-    """torch.load that runs no code from the file (weights_only, numpy arrays allowed): whoever can
-    write the shared claim or the S3 prefix must not run code in every training pod. A pickle that
-    asks for anything else is refused with UnsafeCheckpointError, naming the file."""
-    with torch.serialization.safe_globals(NUMPY_ARRAY_GLOBALS):
+def load_state_file(path, map_location=None, *, allowed: Sequence[type] = (), **load_args):
+    """torch.load that runs no code from the file (weights_only, numpy arrays and the `allowed`
+    classes permitted): whoever can write the shared claim or the S3 prefix must not run code in
+    every training pod. A pickle that asks for anything else is refused with UnsafeCheckpointError,
+    naming the file. `load_args` are torch.load's (mmap)."""
+    with torch.serialization.safe_globals([*NUMPY_ARRAY_GLOBALS, *allowed]):
         try:
-            return torch.load(path, map_location=map_location, weights_only=True)
+            # torch.serialization.load, not torch.load: deepspeed_backend points torch.load here
+            # while DeepSpeed reads a checkpoint.
+            return torch.serialization.load(path, map_location=map_location, weights_only=True, **load_args)
         except pickle.UnpicklingError as exc:
             asked = re.search(r"(?i)unsupported global[^\n]*|got <[^>]*>", str(exc))
             what = asked.group()[:300] if asked else type(exc).__name__

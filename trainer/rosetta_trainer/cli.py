@@ -6,6 +6,7 @@ Subcommands import their heavy dependencies lazily, so that `rosetta validate` o
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from rosetta_contract.document_arguments import add_document_arguments
@@ -125,7 +126,18 @@ def _cmd_train(args) -> int:
 
     # A bar on a pipe (pod logs, the local runner) is a stream of carriage returns: only on a terminal.
     progress = not args.no_progress and sys.stderr.isatty()
-    train_from_file(args.file, output=args.output, overrides=args.overrides, progress=progress)
+    try:
+        train_from_file(args.file, output=args.output, overrides=args.overrides, progress=progress)
+    except RuntimeError as exc:
+        from rosetta_trainer.distributed import collective_timeout
+
+        # torch reports a timed-out collective as a RuntimeError like any other: named here, it
+        # gets its own exit status (rosetta_contract.exits) instead of a traceback.
+        timeout = collective_timeout(exc)
+        if timeout is None:
+            raise
+        logging.getLogger("rosetta_trainer").error("the collective that timed out was called here:", exc_info=exc)
+        raise timeout from exc
     return 0
 
 

@@ -5,7 +5,8 @@ The DeepSpeed config is generated from spec.training and spec.distributed
 `deepspeedConfig` is merged over it; the result is saved with the run and with
 every checkpoint. Checkpoints are DeepSpeed's own sharded format inside our
 atomic step directories; `export_hf` gathers them into a Hugging Face model
-with DeepSpeed's zero_to_fp32 utilities.
+with DeepSpeed's zero_to_fp32 utilities. Every file DeepSpeed reads back from a checkpoint
+goes through checkpoint.load_state_file (weights_only), as ours do: see weights_only_loads.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from rosetta_contract.config import TrainerSpec
 from rosetta_contract.documents import deep_merge
 from rosetta_contract.strict_model import ConfigError
 from rosetta_trainer.backends import make_optimizer, make_scheduler, param_groups
+from rosetta_trainer.checkpoint import load_state_file
 from rosetta_trainer.distributed import World
 from rosetta_trainer.losses import label_smoothed_cross_entropy
 from rosetta_trainer.seq2seq_loss import IGNORE_INDEX, decoder_mask, padding_mask_4d
@@ -84,6 +86,48 @@ def partitioned_loading(spec: TrainerSpec, cuda: bool):
         # Later from_config calls (export, evaluation) must build whole models again.
         del keep
         unset_hf_deepspeed_config()
+
+
+def checkpoint_classes() -> list[type]:
+    """What DeepSpeed pickles into its checkpoints besides tensors and plain types (found by loading
+    real ZeRO-1, 2 and 3 checkpoints, with and without offload, with weights_only=True), and why
+    each may be unpickled: all are plain data. Unpickling one sets attributes (or, the enum, looks a
+    member up by value) and runs none of its own code: none defines __setstate__, __reduce__ or
+    __new__. Never add a callable that does work (functools.partial, builtins.eval, a function)."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [
+        LossScaler,  # the ZeRO optimizer's loss scale: a number (1.0 unless fp16 with a static scale)
+        DynamicLossScaler,  # fp16's: the scale, its window and counters (numbers, a dtype)
+        ZeroStageEnum,  # the stage the optimizer shards were cut for (an int enum)
+        fragment_address,  # where a parameter lies in its flat partition: a dataclass of two ints
+    ]
+
+
+@contextlib.contextmanager
+def weights_only_loads():
+    """Inside the block, every torch.load is checkpoint.load_state_file with checkpoint_classes
+    allowed, whatever weights_only its caller asks for: a planted pickle is refused with
+    UnsafeCheckpointError instead of run.
+
+    DeepSpeed reads checkpoints with torch.load(..., weights_only=False): the engine through its
+    checkpoint engine, zero_to_fp32 (export, evaluation, averaging) and the universal-checkpoint
+    loader directly, so no narrower hook covers every file. The switch lasts for the block and is
+    process-wide; it can only make a load stricter, and the trainer's other threads load nothing.
+    """
+    allowed = checkpoint_classes()
+
+    def load(f, map_location=None, pickle_module=None, *, weights_only=None, **load_args):
+        return load_state_file(f, map_location, allowed=allowed, pickle_module=pickle_module, **load_args)
+
+    original = torch.load
+    torch.load = load
+    try:
+        yield
+    finally:
+        torch.load = original
 
 
 class DeepSpeedBackend:
@@ -179,8 +223,9 @@ class DeepSpeedBackend:
         if not (checkpoint / TAG).is_dir():
             raise ValueError(f"{checkpoint} was written by the DDP backend (no {TAG}/ directory); resume it "
                              "with spec.distributed.backend: ddp, or start a new output directory")
-        loaded, _ = self.engine.load_checkpoint(str(checkpoint), tag=TAG, load_module_strict=True,
-                                                load_optimizer_states=True, load_lr_scheduler_states=True)
+        with weights_only_loads():
+            loaded, _ = self.engine.load_checkpoint(str(checkpoint), tag=TAG, load_module_strict=True,
+                                                    load_optimizer_states=True, load_lr_scheduler_states=True)
         if loaded is None:
             raise RuntimeError(f"DeepSpeed could not load the checkpoint in {checkpoint / TAG}")
         self._skipped = self.engine.skipped_steps
@@ -209,7 +254,8 @@ def consolidated_model(checkpoint: Path):
     from rosetta_trainer.models import freeze_fixed_positions, untie_output_for
 
     checkpoint = Path(checkpoint)
-    state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint), tag=TAG)
+    with weights_only_loads():
+        state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint), tag=TAG)
     config = AutoConfig.from_pretrained(checkpoint / "model")
     model = AutoModelForSeq2SeqLM.from_config(config)
     untie_output_for(model, state)  # flan-T5/mT5: a separate lm_head must not collapse into the embedding

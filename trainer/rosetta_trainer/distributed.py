@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +21,7 @@ class World:
     size: int
     device: torch.device
     local_size: int | None = None  # ranks on this node (torchrun's LOCAL_WORLD_SIZE); None: not told
+    timeout_s: int | None = None  # spec.faultTolerance.collectiveTimeoutSeconds; None: torch's default
 
     @property
     def is_main(self) -> bool:
@@ -46,6 +48,7 @@ def pick_device(preference: str, local_rank: int) -> torch.device:
 
 
 def init_world(device_preference: str = "auto", timeout_s: int = 1800) -> World:
+    """`timeout_s` bounds every collective of the default group and of control_group's."""
     size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -56,7 +59,8 @@ def init_world(device_preference: str = "auto", timeout_s: int = 1800) -> World:
     if size > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
-    return World(rank=rank, local_rank=local_rank, size=size, device=device, local_size=local_size)
+    return World(rank=rank, local_rank=local_rank, size=size, device=device, local_size=local_size,
+                 timeout_s=timeout_s)
 
 
 def barrier(world: World) -> None:
@@ -118,12 +122,46 @@ def control_group(world: World):
     None (the default group) when the world already runs on gloo or alone."""
     if not world.distributed or dist.get_backend() == "gloo":
         return None
-    return dist.new_group(backend="gloo")
+    timeout = datetime.timedelta(seconds=world.timeout_s) if world.timeout_s else None
+    return dist.new_group(backend="gloo", timeout=timeout)
 
 
 def all_reduce_sum_async(world: World, tensor: torch.Tensor, group=None):
     """Start a sum-reduce and return its handle (`.wait()` before reading `tensor`)."""
     return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group, async_op=True)
+
+
+class CollectiveTimeout(RuntimeError):
+    """A collective waited spec.faultTolerance.collectiveTimeoutSeconds for a rank that never came
+    (rosetta_contract.exits.COLLECTIVE_TIMEOUT_EXIT)."""
+
+
+# How torch says a collective timed out. NCCL (with TORCH_NCCL_ASYNC_ERROR_HANDLING=2, render.py)
+# raises DistBackendError from its watchdog's report, or says the communicator was aborted for it;
+# gloo raises a plain RuntimeError from its transport, then closes the pair; the TCPStore's waits
+# raise DistStoreError.
+_TIMED_OUT = re.compile(r"timed out|timeout", re.I)
+_GLOO_TIMED_OUT = re.compile(r"gloo.*timed out|timed out waiting \d+ms for (recv|send)|"
+                             r"application timeout caused pair closure", re.I | re.S)
+
+
+def collective_timeout(exc: BaseException) -> CollectiveTimeout | None:
+    """`exc` as a CollectiveTimeout when it, or an error it was raised from, is torch's report of a
+    collective that timed out; None for anything else (a peer that crashed, a bug)."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, CollectiveTimeout):
+            return cause
+        text = str(cause)
+        if (isinstance(cause, dist.DistError) and _TIMED_OUT.search(text)) \
+                or (isinstance(cause, RuntimeError) and _GLOO_TIMED_OUT.search(text)):
+            said = " ".join(text.split())[:600]
+            return CollectiveTimeout(f"a collective operation timed out (spec.faultTolerance.collectiveTimeoutSeconds): "
+                                     f"{said}; another rank stopped answering, see its log")
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def close(world: World) -> None:

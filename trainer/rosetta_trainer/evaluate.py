@@ -13,6 +13,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -65,13 +66,15 @@ class Generation:
 
 @torch.no_grad()
 def translate(model, tokenizer, sources: list[str], *, generation: Generation, batch_sentences: int,
-              device: torch.device, max_source_length: int = 512, synced: bool = False) -> list[str]:
+              device: torch.device, max_source_length: int = 512, synced: bool = False,
+              on_batch: Callable[[], None] | None = None) -> list[str]:
     """Translate in length-sorted batches (less padding), returned in input order.
 
     `synced`: the model's parameters are sharded across ranks (ZeRO-3), so every forward is
     a collective. Every rank must then call this with the same number of sources, and
     generation keeps stepping on ranks that have finished until all have (synced_gpus).
     A CTranslate2 model (export.CTranslate2Model) translates with its own engine, in the same batches.
+    `on_batch` is called after each batch (the trainer's heartbeat).
     """
     if getattr(model, "is_ctranslate2", False):
         return model.translate(sources, generation=generation, batch_sentences=batch_sentences,
@@ -91,6 +94,8 @@ def translate(model, tokenizer, sources: list[str], *, generation: Generation, b
         )
         for i, text in zip(idx, tokenizer.batch_decode(generated, skip_special_tokens=True)):
             out[i] = text.strip()
+        if on_batch is not None:
+            on_batch()
     model.train(was_training)
     return out
 
@@ -159,9 +164,10 @@ def score(examples: list[Example], hypotheses: list[str], metrics: list[str]) ->
 
 
 def evaluate_examples(model, tokenizer, examples: list[Example], spec: TrainerSpec, world: World,
-                      generation: Generation | None = None) -> tuple[dict, list[str]]:
+                      generation: Generation | None = None,
+                      on_batch: Callable[[], None] | None = None) -> tuple[dict, list[str]]:
     """Collective when distributed: every rank translates examples[rank::size]. `generation`:
-    default spec.evaluation's settings."""
+    default spec.evaluation's settings; `on_batch`: called after each batch translated."""
     ev = spec.evaluation
     started = time.perf_counter()
     inputs = model_inputs(examples, spec.data.source_lang, spec.uses_task_prefix())
@@ -175,7 +181,7 @@ def evaluate_examples(model, tokenizer, examples: list[Example], spec: TrainerSp
     hyps_padded = translate(
         model, tokenizer, [inputs[i] for i in padded], generation=generation or Generation.from_spec(ev),
         batch_sentences=ev.batch_sentences, device=world.device, max_source_length=spec.data.max_source_length,
-        synced=synced,
+        synced=synced, on_batch=on_batch,
     )
     hyps_mine = hyps_padded[: len(mine)]
     hypotheses = [""] * len(examples)
@@ -188,7 +194,8 @@ def evaluate_examples(model, tokenizer, examples: list[Example], spec: TrainerSp
 
 
 @torch.no_grad()
-def validation_loss(model, tokenizer, examples: list[Example], spec: TrainerSpec, world: World) -> float | None:
+def validation_loss(model, tokenizer, examples: list[Example], spec: TrainerSpec, world: World,
+                    on_batch: Callable[[], None] | None = None) -> float | None:
     """The training criterion (label-smoothed cross-entropy per target token) on `examples`,
     teacher-forced: the figure to set beside the training loss to see overfitting.
 
@@ -232,6 +239,8 @@ def validation_loss(model, tokenizer, examples: list[Example], spec: TrainerSpec
         loss_sum = label_smoothed_cross_entropy(logits.float(), labels, spec.training.label_smoothing, IGNORE_INDEX)
         totals[0] += loss_sum.double()
         totals[1] += (labels != IGNORE_INDEX).sum()
+        if on_batch is not None:
+            on_batch()
     module.train(was_training)
     totals = all_reduce_sum(world, totals)
     return float(totals[0] / totals[1]) if float(totals[1]) > 0 else None

@@ -31,6 +31,7 @@ from rosetta_trainer.distributed import (
     control_group,
 )
 from rosetta_trainer.evaluate import evaluate_examples, primary_metric, validation_loss
+from rosetta_trainer.fault_hooks import FaultHooks
 from rosetta_trainer.flops import Seq2SeqDims, peak_for_run, training_flops
 from rosetta_trainer.preemption import StopRequested
 from rosetta_trainer.step_clock import StepClock
@@ -102,6 +103,7 @@ class Trainer:
             elif gpu is not None:
                 log.info("no peak FLOP/s known for %s at %s: set spec.metrics.peakFlops to report MFU", gpu, t.precision)
         self.stop = StopRequested()
+        self.faults = FaultHooks.from_env(world.rank)
         self._control_group = control_group(world)
         self._stop_vote = None
         self.stop_checkpoint_seconds: float | None = None
@@ -196,6 +198,7 @@ class Trainer:
                 clock.add("optimizer", started)
                 pos.step += 1
                 window[1] += 1
+                self.telemetry.beat()
                 if bar is not None:
                     bar.update(1)
 
@@ -221,6 +224,7 @@ class Trainer:
                     waited = all_gather_objects(world, self.stop.checkpoint_written(pos.step))
                     self.stop_checkpoint_seconds = max((w for w in waited if w is not None), default=None)
                     break
+                self.faults.after_step(pos.step)
         finally:
             stream.close()
         self._read_step_flags()
@@ -337,9 +341,12 @@ class Trainer:
         return [float(x) for x in all_reduce_sum(world, mine).cpu()]
 
     def _evaluate(self, split: str, examples: list[Example]) -> dict:
+        # A beat per batch: an evaluation of any length is progress, only a stuck batch is a stall.
         with self.telemetry.phase("evaluate"):
-            scores, _ = evaluate_examples(self.model, self.tokenizer, examples, self.spec, self.world)
-        loss = validation_loss(self.model, self.tokenizer, examples, self.spec, self.world)
+            scores, _ = evaluate_examples(self.model, self.tokenizer, examples, self.spec, self.world,
+                                          on_batch=self.telemetry.beat)
+            loss = validation_loss(self.model, self.tokenizer, examples, self.spec, self.world,
+                                   on_batch=self.telemetry.beat)
         record = {"step": self.pos.step, "split": split, "loss": loss, **scores}
         if split == "validation":
             self.pos.last_val_loss = loss

@@ -21,6 +21,10 @@ PREFIX = "rosetta_"
 # What rank 0 is doing (rosetta_phase{phase}): the step stands still while it evaluates or saves a
 # checkpoint, and the no-progress alert must tell such a pause from a hang.
 PHASES = ("train", "evaluate", "checkpoint")
+# rosetta_heartbeat_timestamp_seconds: the operator calls a training stalled when this stops moving
+# (spec.faultTolerance.stallTimeoutSeconds). Rank 0 beats after each unit of work that may take long:
+# an optimizer step, an evaluation batch, a phase's start and end (a whole checkpoint save). Never
+# from a timer thread: a thread would go on beating through the very hang it should reveal.
 
 
 def _clean(value):
@@ -60,6 +64,7 @@ class Telemetry:
         self._gauges = {}
         self._checkpoint_info = None
         self._phase = None
+        self._heartbeat = None
         self.port = None
         self._trackers = None
         if not enabled:
@@ -140,6 +145,9 @@ class Telemetry:
         self._phase = Gauge(PREFIX + "phase", "1 for what rank 0 is doing now (train, evaluate, checkpoint), "
                             "0 for the others", [*labels, "phase"], registry=self.registry)
         self._phase_labels = labels
+        self._heartbeat = Gauge(PREFIX + "heartbeat_timestamp_seconds", "Unix time of rank 0's last sign of "
+                                "progress: an optimizer step, an evaluation batch, the start or end of an "
+                                "evaluation or checkpoint save", list(labels), registry=self.registry).labels(**labels)
         self._set_phase("train")
         self._checkpoint_info = Info(PREFIX + "last_checkpoint", "Path of the newest complete checkpoint",
                                      list(labels), registry=self.registry).labels(**labels)
@@ -157,6 +165,12 @@ class Telemetry:
         if self._phase is not None:
             for phase in PHASES:
                 self._phase.labels(**self._phase_labels, phase=phase).set(1 if phase == current else 0)
+        self.beat()
+
+    def beat(self) -> None:
+        """Rank 0 got a unit of work done: move rosetta_heartbeat_timestamp_seconds (no-op on other ranks)."""
+        if self._heartbeat is not None:
+            self._heartbeat.set_to_current_time()
 
     @contextmanager
     def phase(self, name: str):

@@ -178,10 +178,12 @@ app.kubernetes.io/component: operator
   resources: [jobsets]
   verbs: [get, list, watch, create, patch]
 # The after-training evaluation (spec.evaluation.afterTraining): one Job per training, created
-# once its JobSet succeeded, then watched. Never deleted: the ownerReference does that.
+# once its JobSet succeeded, then watched. Never deleted: the ownerReference does that. Patched
+# only to end a stalled gang's Job (activeDeadlineSeconds; spec.faultTolerance.stallAction:
+# restart): a patch can end a Job, not change what a running one runs (its pod template is fixed).
 - apiGroups: [batch]
   resources: [jobs]
-  verbs: [get, list, watch, create]
+  verbs: [get, list, watch, create, patch]
 # The training's ConfigMap: created, or brought up to date.
 - apiGroups: [""]
   resources: [configmaps]
