@@ -66,6 +66,8 @@ class BatchShapes:
             padded = np.maximum(padded, n)  # longer than every bucket (the spec forbids it): its own length
             return padded if isinstance(n, np.ndarray) else int(padded)
         m = self.multiple
+        if m == 1:
+            return n  # no copy of millions of lengths to pad nothing
         return -(-n // m) * m
 
     def rows(self, count: int, src_len: int, tgt_len: int, max_tokens: int | None,
@@ -160,7 +162,8 @@ def plan_epoch(
 
     if max_tokens is not None:
         # Padding is monotone, so the padded running maximum is the running maximum of the padded lengths.
-        starts = _token_batch_starts(shapes.length(src_lengths[order]), shapes.length(tgt_lengths[order]), max_tokens)
+        src_sorted, tgt_sorted = _gather_pairs(src_lengths, tgt_lengths, order)
+        starts = _token_batch_starts(shapes.length(src_sorted), shapes.length(tgt_sorted), max_tokens)
     else:
         starts = list(range(0, n, max_sentences))
     bounds = np.asarray(starts + [n], dtype=np.int64)
@@ -185,6 +188,15 @@ def _length_order(src: np.ndarray, tgt: np.ndarray, noise: np.ndarray) -> np.nda
     return by_noise[np.argsort(key[by_noise], kind="stable")]
 
 
+def _gather_pairs(src: np.ndarray, tgt: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Both sides' lengths in `order`. Lengths under 65,536 travel packed in one 32-bit word: one
+    random-access gather instead of two, which is what costs at millions of pairs."""
+    if not len(src) or max(int(src.max()), int(tgt.max())) >= 1 << 16 or min(int(src.min()), int(tgt.min())) < 0:
+        return src[order], tgt[order]
+    packed = (src.astype(np.uint32) << 16 | tgt.astype(np.uint32))[order]
+    return (packed >> 16).astype(np.int32), (packed & 0xFFFF).astype(np.int32)
+
+
 def _token_batch_starts(src: np.ndarray, tgt: np.ndarray, max_tokens: int) -> list[int]:
     """Where each batch starts when examples, in this order, are packed greedily: a batch takes the
     next example while (its sentences + 1) × (longest source + longest target, the new one included)
@@ -197,7 +209,9 @@ def _token_batch_starts(src: np.ndarray, tgt: np.ndarray, max_tokens: int) -> li
     is taken whole. Where the size changes, one batch is found by a search over a window after its
     start (running maxima, costs, the first one over the budget). An epoch's plan at tens of
     millions of pairs takes well under a second here."""
-    src, tgt = np.asarray(src, dtype=np.int64), np.asarray(tgt, dtype=np.int64)
+    # 32- and 64-bit lengths are used as they are (no copy of millions); narrower or unsigned ones
+    # could overflow a sum. Sizes are int64, so every cost is computed in int64.
+    src, tgt = (a if a.dtype in (np.int32, np.int64) else a.astype(np.int64) for a in (np.asarray(src), np.asarray(tgt)))
     n, starts, begin, window, size, run = len(src), [], 0, 64, 0, 64
     while begin < n:
         if size > 1:
@@ -208,9 +222,10 @@ def _token_batch_starts(src: np.ndarray, tgt: np.ndarray, max_tokens: int) -> li
                 rows = begin + np.arange(count + 1) * size
                 width = (src[begin:rows[-1]].reshape(count, size).max(axis=1),
                          tgt[begin:rows[-1]].reshape(count, size).max(axis=1))
-                fits = size * (width[0] + width[1]) <= max_tokens
+                fits = np.int64(size) * (width[0] + width[1]) <= max_tokens
                 nxt = rows[1:]
-                one_more = (size + 1) * (np.maximum(width[0], src[nxt]) + np.maximum(width[1], tgt[nxt])) > max_tokens
+                one_more = (np.int64(size) + 1) * (np.maximum(width[0], src[nxt]) + np.maximum(width[1], tgt[nxt])) \
+                    > max_tokens
                 good = fits & one_more
                 taken = count if good.all() else int(np.argmin(good))
                 starts.extend(rows[:taken].tolist())
