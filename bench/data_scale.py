@@ -291,17 +291,23 @@ def _child(fn, args, queue):
         raise
 
 
-def run_alone(name: str, work: Path, workers: int) -> dict:
+def run_spawned(label: str, fn, args: tuple) -> dict:
+    """fn(*args)'s figures, measured in a spawned process: a forked child would inherit the parent's
+    peak RSS. Printed on stderr as `label: {...}`."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    p = ctx.Process(target=_child, args=(globals()[f"job_{name}"], (work, workers), queue))
+    p = ctx.Process(target=_child, args=(fn, args, queue))
     p.start()
     out = queue.get(timeout=3600)
     p.join()
-    if p.exitcode:
-        raise RuntimeError(f"{name} failed")
-    print(f"{name}: {json.dumps(out)}", file=sys.stderr, flush=True)
+    if p.exitcode or "error" in out:
+        raise RuntimeError(f"{label} failed: {out.get('error')}")
+    print(f"{label}: {json.dumps(out)}", file=sys.stderr, flush=True)
     return out
+
+
+def run_alone(name: str, work: Path, workers: int) -> dict:
+    return run_spawned(name, globals()[f"job_{name}"], (work, workers))
 
 
 def run_two_ranks(name: str, work: Path) -> list[dict]:

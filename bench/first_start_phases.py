@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import multiprocessing as mp
 import os
 import platform
 import resource
@@ -39,7 +38,7 @@ import threading
 import time
 from pathlib import Path
 
-from data_scale import MULTI30K, REPO, _alone, _child, _cpu, _memory, _mib
+from data_scale import MULTI30K, REPO, _alone, _cpu, _memory, _mib, run_spawned
 from tokenizer_sample import make_corpus
 
 EXAMPLE = REPO / "examples" / "multi30k-en-de.yaml"
@@ -241,16 +240,7 @@ PLAN = "batch plan of the first epoch"
 
 
 def run(fn, *args) -> dict:
-    ctx = mp.get_context("spawn")  # a forked child would inherit the parent's peak RSS
-    queue = ctx.Queue()
-    p = ctx.Process(target=_child, args=(fn, args, queue))
-    p.start()
-    out = queue.get(timeout=3600)
-    p.join()
-    if p.exitcode or "error" in out:
-        raise RuntimeError(f"{getattr(args[0], '__name__', fn.__name__)} failed: {out.get('error')}")
-    print(f"{getattr(args[0], '__name__', fn.__name__)}: {json.dumps(out)}", file=sys.stderr, flush=True)
-    return out
+    return run_spawned(getattr(args[0], "__name__", fn.__name__), fn, args)
 
 
 PHASES = [("reading the training files", phase_read), ("+ checking (length ratio, test overlap)", phase_check),

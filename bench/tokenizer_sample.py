@@ -34,7 +34,6 @@ import datetime
 import gzip
 import importlib.util
 import json
-import multiprocessing as mp
 import os
 import platform
 import sys
@@ -42,7 +41,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from data_scale import MULTI30K, REPO, _child, _cpu, _memory
+from data_scale import MULTI30K, REPO, _cpu, _memory, run_spawned
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -115,17 +114,7 @@ def job_train(work: Path, name: str, settings: dict, module: str | None = None) 
 
 
 def run(fn, *args) -> dict:
-    # Spawned, not forked: a forked child would inherit the parent's peak RSS.
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    p = ctx.Process(target=_child, args=(fn, args, queue))
-    p.start()
-    out = queue.get(timeout=3600)
-    p.join()
-    if p.exitcode or "error" in out:
-        raise RuntimeError(f"{fn.__name__} {args[1]} failed: {out.get('error')}")
-    print(f"{fn.__name__} {args[1]}: {json.dumps(out)}", file=sys.stderr, flush=True)
-    return out
+    return run_spawned(f"{fn.__name__} {args[1]}", fn, args)
 
 
 def main() -> int:

@@ -65,13 +65,18 @@ def has_log(pod: Mapping[str, Any]) -> bool:
     return container_state(pod) in ("running", "terminated")
 
 
+def _rank_pods(pods: Iterable[Mapping[str, Any]], jobset: str, rank: int) -> list[Mapping[str, Any]]:
+    """Every listed pod of node rank `rank` in the JobSet's trainer job, of any attempt."""
+    return [p for p in pods
+            if (_meta(p).get("labels") or {}).get(JOBSET_NAME_LABEL) == jobset
+            and (_meta(p).get("labels") or {}).get(JOB_INDEX_LABEL, "0") == "0"
+            and node_rank(p) == rank]
+
+
 def rank_pod(pods: Iterable[Mapping[str, Any]], jobset: str, rank: int) -> Optional[Mapping[str, Any]]:
     """Node rank `rank`'s pod of the JobSet: the newest of that index, one not being deleted first
     (after a gang restart the old pods linger a moment beside the new ones)."""
-    candidates = [p for p in pods
-                  if (_meta(p).get("labels") or {}).get(JOBSET_NAME_LABEL) == jobset
-                  and (_meta(p).get("labels") or {}).get(JOB_INDEX_LABEL, "0") == "0"
-                  and node_rank(p) == rank]
+    candidates = _rank_pods(pods, jobset, rank)
     if not candidates:
         return None
     return max(candidates, key=lambda p: (not _meta(p).get("deletionTimestamp"), str(_meta(p).get("creationTimestamp"))))
@@ -88,10 +93,7 @@ def previous_pod(pods: Iterable[Mapping[str, Any]], jobset: str, rank: int) -> O
     """Node rank `rank`'s pod of the gang attempt before the newest one still listed (`logs
     --previous`). The trainer's container never restarts in place (restartPolicy: Never): its
     previous instance is the pod a gang restart replaced, which lingers only while it stops."""
-    candidates = [p for p in pods
-                  if (_meta(p).get("labels") or {}).get(JOBSET_NAME_LABEL) == jobset
-                  and (_meta(p).get("labels") or {}).get(JOB_INDEX_LABEL, "0") == "0"
-                  and node_rank(p) == rank]
+    candidates = _rank_pods(pods, jobset, rank)
     if not candidates:
         return None
     newest = max(_attempt(p) for p in candidates)

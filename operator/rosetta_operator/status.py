@@ -441,33 +441,30 @@ def stopped_for_good(status: Mapping[str, Any]) -> bool:
     return is_data_invalid(status) or (_is_true(failed) and failed.get("reason") == Reason.STALLED)
 
 
-def observe_stall_failure(message: str, *, restarts: Optional[int] = None, preemptions: Optional[int] = None,
-                          start_time: Optional[str] = None, now: str = "") -> Observation:
-    """stallAction: fail: failed for good, the gang stopped as for a data error."""
-    reason = Reason.STALLED
+def _failed_for_good(reason: str, summary: str, message: str, extra: tuple[Cond, ...], restarts: Optional[int],
+                     preemptions: Optional[int], start_time: Optional[str], now: str) -> Observation:
     return Observation(
-        Phase.FAILED, truncate(f"stalled: {message}"),
+        Phase.FAILED, truncate(f"{summary}: {message}"),
         (Cond(ConditionType.RUNNING, FALSE, reason, message),
          Cond(ConditionType.SUSPENDED, FALSE, Reason.NOT_SUSPENDED),
          Cond(ConditionType.SUCCEEDED, FALSE, Reason.NOT_FINISHED),
-         Cond(ConditionType.FAILED, TRUE, reason, message)),
+         Cond(ConditionType.FAILED, TRUE, reason, message), *extra),
         restarts, preemptions, start_time, now or None,
     )
+
+
+def observe_stall_failure(message: str, *, restarts: Optional[int] = None, preemptions: Optional[int] = None,
+                          start_time: Optional[str] = None, now: str = "") -> Observation:
+    """stallAction: fail: failed for good, the gang stopped as for a data error."""
+    return _failed_for_good(Reason.STALLED, "stalled", message, (), restarts, preemptions, start_time, now)
 
 
 def observe_data_invalid(message: str, *, restarts: Optional[int] = None, preemptions: Optional[int] = None,
                          start_time: Optional[str] = None, now: str = "") -> Observation:
     """Failed for good: the same data fails every restart, so the gang is stopped, not retried."""
     reason = Reason.DATA_CHECK_FAILED
-    return Observation(
-        Phase.FAILED, truncate(f"data invalid: {message}"),
-        (Cond(ConditionType.RUNNING, FALSE, reason, message),
-         Cond(ConditionType.SUSPENDED, FALSE, Reason.NOT_SUSPENDED),
-         Cond(ConditionType.SUCCEEDED, FALSE, Reason.NOT_FINISHED),
-         Cond(ConditionType.FAILED, TRUE, reason, message),
-         Cond(ConditionType.DATA_INVALID, TRUE, reason, message)),
-        restarts, preemptions, start_time, now or None,
-    )
+    return _failed_for_good(reason, "data invalid", message, (Cond(ConditionType.DATA_INVALID, TRUE, reason, message),),
+                            restarts, preemptions, start_time, now)
 
 
 # -------------------------------------------------------------------------- scheduling
