@@ -62,7 +62,11 @@ def test_trainer_image_ships_the_pinned_versions(images):
     out = docker("run", "--rm", "--network", "none", "--entrypoint", "pip", images.trainer,
                  "list", "--format", "json").stdout
     installed = {p["name"].lower(): p["version"] for p in json.loads(out)}
+    # constraints.txt pins the operator's extra too, which the trainer image does not install.
+    operator_only = {"kopf", "kubernetes", "shtab", "jsonpath-ng"}
     for name, version in constraints().items():
+        if name in operator_only and name not in installed:
+            continue
         assert installed.get(name) == version, f"{name}: {installed.get(name)} in the image, {version} pinned"
     torch = re.search(r"^ARG TORCH=torch==(\S+)", (REPO / "Dockerfile").read_text(), re.M).group(1)
     assert installed["torch"].split("+")[0] == torch

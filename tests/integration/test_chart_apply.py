@@ -169,7 +169,8 @@ HANDLERS_NEED = [
     ("patch", "rosetta.dev", "translationtrainings/status"),
     ("update", "rosetta.dev", "translationtrainings/finalizers"),
     *[(v, "jobset.x-k8s.io", "jobsets") for v in ("get", "list", "watch", "create", "patch")],
-    *[(v, "batch", "jobs") for v in ("get", "list", "watch", "create")],  # the after-training evaluation
+    # create: the after-training evaluation; patch: ending a stalled attempt (activeDeadlineSeconds)
+    *[(v, "batch", "jobs") for v in ("get", "list", "watch", "create", "patch")],
     *[(v, "", "configmaps") for v in ("get", "create", "patch")],
     ("list", "", "pods"),
     ("create", "", "events"),
@@ -177,7 +178,7 @@ HANDLERS_NEED = [
 NEVER_IN_NAMESPACE = [
     ("get", "", "secrets"), ("list", "", "secrets"), ("create", "", "pods"), ("delete", "", "pods"),
     ("create", "", "pods/exec"), ("delete", "jobset.x-k8s.io", "jobsets"), ("delete", "", "configmaps"),
-    ("delete", "batch", "jobs"), ("patch", "batch", "jobs"),
+    ("delete", "batch", "jobs"),
     ("delete", "rosetta.dev", "translationtrainings"), ("update", "rosetta.dev", "translationtrainings"),
     ("create", "rosetta.dev", "translationtrainings"), ("create", "apps", "deployments"),
     ("create", "rbac.authorization.k8s.io", "rolebindings"), ("create", "", "serviceaccounts/token"),
