@@ -76,3 +76,31 @@ def test_gathering_a_planted_checkpoint_refuses_it_and_runs_nothing(tmp_path):
     with pytest.raises(UnsafeCheckpointError, match="refused, not run"):
         consolidated_model(tmp_path / "step-00000006")
     assert not target.exists()
+
+
+class _ByName:
+    """How some Pythons pickle an enum member: getattr(EnumClass, name)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __reduce__(self):
+        from deepspeed.runtime.zero.config import ZeroStageEnum
+
+        return (getattr, (ZeroStageEnum, self.name))
+
+
+def test_an_enum_pickled_by_name_loads_and_getattr_reaches_nothing_else(tmp_path):
+    """ZeRO-3 offload's optimizer states, saved by Debian's Python 3.11, hold the stage as
+    getattr(ZeroStageEnum, 'weights'); that lookup, and no other, is allowed."""
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+
+    from rosetta_trainer.checkpoint import UnsafeCheckpointError, load_state_file
+    from rosetta_trainer.deepspeed_backend import checkpoint_classes
+
+    path = tmp_path / "optim_states.pt"
+    torch.save({"zero_stage": _ByName("weights")}, path)
+    assert load_state_file(path, allowed=checkpoint_classes())["zero_stage"] is ZeroStageEnum.weights
+    torch.save({"zero_stage": _ByName("__class__")}, path)
+    with pytest.raises(UnsafeCheckpointError):
+        load_state_file(path, allowed=checkpoint_classes())

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import pickle
 from pathlib import Path
 
 import torch
@@ -88,7 +89,7 @@ def partitioned_loading(spec: TrainerSpec, cuda: bool):
         unset_hf_deepspeed_config()
 
 
-def checkpoint_classes() -> list[type]:
+def checkpoint_classes() -> list:
     """What DeepSpeed pickles into its checkpoints besides tensors and plain types (found by loading
     real ZeRO-1, 2 and 3 checkpoints, with and without offload, with weights_only=True), and why
     each may be unpickled: all are plain data. Unpickling one sets attributes (or, the enum, looks a
@@ -103,7 +104,19 @@ def checkpoint_classes() -> list[type]:
         DynamicLossScaler,  # fp16's: the scale, its window and counters (numbers, a dtype)
         ZeroStageEnum,  # the stage the optimizer shards were cut for (an int enum)
         fragment_address,  # where a parameter lies in its flat partition: a dataclass of two ints
+        # Some Pythons pickle an enum member by name, as getattr(EnumClass, "name"): the name getattr
+        # is answered by a lookup that only returns members of the enums above, never getattr itself.
+        (_enum_member, "builtins.getattr"),
+        (_enum_member, "__builtin__.getattr"),
     ]
+
+
+def _enum_member(cls: object, name: str) -> object:
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+
+    if cls is not ZeroStageEnum or not isinstance(name, str) or name not in ZeroStageEnum.__members__:
+        raise pickle.UnpicklingError(f"getattr({cls!r}, {name!r}) is not an enum member a checkpoint holds")
+    return ZeroStageEnum[name]
 
 
 @contextlib.contextmanager
