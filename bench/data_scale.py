@@ -291,6 +291,14 @@ def _child(fn, args, queue):
         raise
 
 
+def write_result(result: dict, output: str | Path) -> None:
+    """The run's figures on stdout and as JSON at `output` (bench/results/...)."""
+    text = json.dumps(result, indent=2)
+    print(text)
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    Path(output).write_text(text + "\n")
+
+
 def run_spawned(label: str, fn, args: tuple) -> dict:
     """fn(*args)'s figures, measured in a spawned process: a forked child would inherit the parent's
     peak RSS. Printed on stderr as `label: {...}`."""
@@ -407,10 +415,7 @@ def main() -> int:
         result["ratios"] = ratios
         result["wall_seconds"] = round(time.perf_counter() - started, 1)
         result["load_average_at_end"] = os.getloadavg()[0]
-    text = json.dumps(result, indent=2)
-    print(text)
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(text + "\n")
+    write_result(result, args.output)
     return 0
 
 

@@ -41,7 +41,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from data_scale import MULTI30K, REPO, _cpu, _memory, run_spawned
+from data_scale import MULTI30K, REPO, _cpu, _memory, run_spawned, write_result
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -158,10 +158,7 @@ def main() -> int:
             "load_average_at_start": load, "runs": runs,
             "wall_seconds": round(time.perf_counter() - started, 1), "load_average_at_end": os.getloadavg()[0],
         }
-    text = json.dumps(result, indent=2)
-    print(text)
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(text + "\n")
+    write_result(result, args.output)
     return 0
 
 
