@@ -34,7 +34,17 @@ def smoke(image: str) -> str:
 
 def constraints() -> dict[str, str]:
     pins = [line.split("#")[0].strip() for line in (REPO / "constraints.txt").read_text().splitlines()]
-    return dict(pin.split("==") for pin in pins if pin)
+    return dict(_pin(pin) for pin in pins if pin)
+
+
+def _canonical(name: str) -> str:
+    # pip prints a distribution's name as its metadata spells it (prometheus_client), pins use PEP 503's.
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _pin(pin: str) -> tuple[str, str]:
+    name, version = pin.split("==")
+    return _canonical(name), version
 
 
 def test_docker_engine_script_is_idempotent(docker_engine):
@@ -61,7 +71,7 @@ def test_trainer_image_builds_a_t5_and_trains_a_step(images):
 def test_trainer_image_ships_the_pinned_versions(images):
     out = docker("run", "--rm", "--network", "none", "--entrypoint", "pip", images.trainer,
                  "list", "--format", "json").stdout
-    installed = {p["name"].lower(): p["version"] for p in json.loads(out)}
+    installed = {_canonical(p["name"]): p["version"] for p in json.loads(out)}
     # constraints.txt pins the operator's extra too, which the trainer image does not install.
     operator_only = {"kopf", "kubernetes", "shtab", "jsonpath-ng"}
     for name, version in constraints().items():
