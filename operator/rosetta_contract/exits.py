@@ -21,6 +21,15 @@ NON_FINITE_EXIT = 3
 # for a rank that never came. Nothing is wrong with the input; the next attempt resumes from the last
 # checkpoint. Under torchrun the pod itself exits 1 (torchrun's own status) and its log names this code.
 COLLECTIVE_TIMEOUT_EXIT = 75
+# torch.OutOfMemoryError on a GPU: the batch, the model or the ZeRO stage does not fit. Outside the
+# sysexits range (64-78) so that no other tool's meaning is borrowed. (failures.py names the class.)
+CUDA_OUT_OF_MEMORY_EXIT = 80
+# The pre-flight check (spec.faultTolerance.preflight) found the pod's node unfit: no usable GPU, or a
+# collective below the bandwidth floor. The operator keeps the next attempts off that node.
+NODE_UNHEALTHY_EXIT = 81
+# The kernel killed a process of the container at its memory limit (the cgroup's oom_kill count grew)
+# while the pod's launcher lived on: it exits with this, so the pod failure policy can act on it.
+OOM_KILLED_EXIT = 82
 
 # Which error ends a `rosetta` command (and a trainer pod) with which status: one table for every
 # entry point. Classes are named, not imported, so that this package imports neither side; an error
@@ -36,7 +45,19 @@ ERROR_EXITS: tuple[tuple[str, str, int], ...] = (
     ("rosetta_trainer.export", "ExportError", CONFIG_EXIT),
     ("rosetta_trainer.loop", "NonFiniteError", NON_FINITE_EXIT),
     ("rosetta_trainer.distributed", "CollectiveTimeout", COLLECTIVE_TIMEOUT_EXIT),
+    ("rosetta_trainer.preflight", "NodeUnhealthy", NODE_UNHEALTHY_EXIT),
+    ("torch", "OutOfMemoryError", CUDA_OUT_OF_MEMORY_EXIT),  # torch.cuda.OutOfMemoryError is the same class
 )
+
+# What to change, for the errors whose own words do not say it. Said before those words, which the
+# 4096 bytes of a termination message may cut.
+EXIT_ADVICE: dict[int, str] = {
+    CUDA_OUT_OF_MEMORY_EXIT: (
+        "out of GPU memory: lower spec.training.batch.tokens (or batch.sentences) and raise "
+        "training.gradientAccumulation to keep the effective batch, set training.activationCheckpointing: true, "
+        "or shard with distributed.backend: deepspeed and a higher distributed.zeroStage (offload.optimizer: cpu "
+        "moves the optimizer state off the GPU); `rosetta plan -f FILE` estimates the memory per GPU"),
+}
 
 
 def exit_status(exc: BaseException) -> int | None:
@@ -46,3 +67,9 @@ def exit_status(exc: BaseException) -> int | None:
         if isinstance(cls, type) and isinstance(exc, cls):
             return status
     return None
+
+
+def error_message(exc: BaseException, status: int) -> str:
+    """What `rosetta` prints, and a pod's termination message says, for an error `exit_status` named."""
+    advice = EXIT_ADVICE.get(status)
+    return f"{advice}. {exc}" if advice else str(exc)

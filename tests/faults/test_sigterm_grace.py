@@ -3,9 +3,11 @@ checkpoint and exits 0 within the pod's grace period, and a restart resumes from
 
 One run is stopped three ways in turn, each attempt resuming from the last one's stop checkpoint:
 SIGTERM to every rank (what each pod's processes get when the JobSet is deleted or preempted), to
-one rank only (the others must agree to stop with it), and to torchrun, the pod's main process,
-which is what the kubelet signals (torchrun forwards it to its workers). The pods' env comes from
-the rendered JobSet, so torchrun waits the pod's grace (not its own 30 s) before it SIGKILLs.
+one rank only (the others must agree to stop with it), and to the pod's main process, which is what
+the kubelet signals: the launcher (rosetta_trainer.launch), which forwards it to torchrun, which
+forwards it to its workers. The pods' env comes from the rendered JobSet, so torchrun waits the pod's
+grace (not its own 30 s) before it SIGKILLs. Each attempt runs as the pod does, under the launcher,
+which keeps the node's log of the attempt beside the checkpoints.
 """
 
 from __future__ import annotations
@@ -15,18 +17,21 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
 
+from rosetta_contract.failures import ATTEMPT_ENV, attempt_log_path
 from rosetta_contract.spec import parse_training
 from rosetta_operator.render import render
 from rosetta_trainer.checkpoint import complete_checkpoints
 from rosetta_trainer.preemption import GRACE_ENV
-from support.trainer_processes import has_exited, kill_gang, lines_of, new_records, rank_pid, start_training
+from support.trainer_processes import has_exited, kill_gang, lines_of, new_records, rank_pid
 from support.training import TINY, deep_update
 
 pytestmark = pytest.mark.slow
@@ -70,6 +75,48 @@ def pod_env() -> dict[str, str]:
     return env
 
 
+def start_pod(cfg: Path, output: Path, log: Path, env: dict[str, str]) -> subprocess.Popen:
+    """The pod's command, RANKS workers on one node: the launcher, running torchrun; in a new session."""
+    command = ["-m", "rosetta_trainer.launch", "torchrun", "--standalone", f"--nproc-per-node={RANKS}",
+               "-m", "rosetta_trainer", "train", "-f", str(cfg), "--output", str(output), "--no-progress"]
+    with open(log, "w") as fh:  # the child keeps its own descriptor
+        return subprocess.Popen([sys.executable, *command], stdout=fh, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+                                     "ROSETTA_OUTPUT": str(output), **env})
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+    return out
+
+
+def torchrun(launcher: subprocess.Popen, timeout: float = 60) -> SimpleNamespace:
+    """The launcher's one child, as support's rank_pid wants a launcher (its workers are its children)."""
+    deadline = time.monotonic() + timeout
+    while not children(launcher.pid):
+        assert launcher.poll() is None and time.monotonic() < deadline, "the launcher started no torchrun"
+        time.sleep(0.01)
+    (pid,) = children(launcher.pid)
+    return SimpleNamespace(pid=pid, poll=launcher.poll)
+
+
+def kill_pod(launcher: subprocess.Popen) -> None:
+    """SIGKILL the launcher's group (with torchrun) and each worker's (torchrun gives each a session)."""
+    for worker in [w for t in children(launcher.pid) for w in children(t)]:
+        try:
+            os.killpg(worker, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    kill_gang(launcher)
+
+
 def wait_for(what: str, done, proc: subprocess.Popen, log: Path, timeout: float = TIMEOUT) -> None:
     deadline = time.monotonic() + timeout
     while not done():
@@ -80,13 +127,13 @@ def wait_for(what: str, done, proc: subprocess.Popen, log: Path, timeout: float 
 
 
 def stop_with_sigterm(proc: subprocess.Popen, log: Path, output: Path, stale: set[str], target: str) -> Stop:
-    """Let the attempt take a few steps, SIGTERM `target` ("ranks", "rank N" or "torchrun"), and time it."""
+    """Let the attempt take a few steps, SIGTERM `target` ("ranks", "rank N" or "launcher"), and time it."""
     metrics, root = output / "metrics.jsonl", output / "checkpoints"
-    ranks = [rank_pid(proc, RANKS, r) for r in range(RANKS)]
+    ranks = [rank_pid(torchrun(proc), RANKS, r) for r in range(RANKS)]
     wait_for("3 steps", lambda: len(new_records(metrics, stale)) >= 3, proc, log)
     before = set(complete_checkpoints(root))
     step_at_signal = new_records(metrics, stale)[-1]["step"]
-    victims = {"ranks": ranks, "torchrun": [proc.pid]}.get(target) or [ranks[int(target.split()[1])]]
+    victims = {"ranks": ranks, "launcher": [proc.pid]}.get(target) or [ranks[int(target.split()[1])]]
     signalled_at = time.monotonic()
     for pid in victims:
         os.kill(pid, signal.SIGTERM)
@@ -115,10 +162,10 @@ def test_sigterm_stops_every_rank_at_one_checkpoint_within_the_grace_and_a_resta
     cfg.write_text(yaml.safe_dump(DOCUMENT))
     output, env = tmp_path / "out", pod_env()
     stops: list[Stop] = []
-    for attempt, target in enumerate(["ranks", "rank 1", "torchrun", None]):
+    for attempt, target in enumerate(["ranks", "rank 1", "launcher", None]):
         log = tmp_path / f"attempt-{attempt}.log"
         stale = lines_of(output / "metrics.jsonl")
-        proc = start_training(cfg, output, RANKS, log, {**env, "ROSETTA_RESTART_ATTEMPT": str(attempt)})
+        proc = start_pod(cfg, output, log, {**env, ATTEMPT_ENV: str(attempt)})
         try:
             if stops:  # resumed from exactly where the last attempt stopped
                 wait_for("a first step", lambda: new_records(output / "metrics.jsonl", stale), proc, log)
@@ -129,14 +176,17 @@ def test_sigterm_stops_every_rank_at_one_checkpoint_within_the_grace_and_a_resta
                 break
             stop = stop_with_sigterm(proc, log, output, stale, target)
         finally:
-            kill_gang(proc)
+            kill_pod(proc)
         stops.append(stop)
         text = log.read_text()
+        # the launcher's copy of this attempt's output, kept where the next attempt's pod finds it
+        assert (output / attempt_log_path(attempt, 0)).read_text() == text
         assert stop.step_at_signal < stop.stop_step <= stop.step_at_signal + STEPS_TO_STOP, (stop, text[-3000:])
         # every rank exited 0: torchrun exits 0 only if its workers did, and no rank wrote a traceback;
-        # torchrun signalled itself exits with the SIGTERM's exception once its workers are done
-        if target == "torchrun":
-            assert stop.launcher_code != 0 and text.count("Traceback") == 1 and "SignalException" in text
+        # torchrun signalled (by the launcher) exits with the SIGTERM's exception once its workers are
+        # done, and the launcher with torchrun's 1: no failure class, the stop was no error
+        if target == "launcher":
+            assert stop.launcher_code == 1 and text.count("Traceback") == 1 and "SignalException" in text
         else:
             assert stop.launcher_code == 0 and "Traceback" not in text, text[-3000:]
         summary = json.loads((output / "summary.json").read_text())

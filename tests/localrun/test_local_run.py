@@ -57,9 +57,14 @@ def test_two_nodes_join_one_rendezvous_and_write_to_the_mapped_volume(tmp_path):
     assert summary["world_size"] == 2
     assert summary["steps"] == summary["total_steps"] == 24
     assert [p.name for p in complete_checkpoints(trainer_out / "checkpoints")][-1] == "step-00000024"
-    # pod logs are prefixed and both pods ran
+    # pod logs are prefixed and both pods ran; each pod's launcher kept its log of the attempt beside the checkpoints
     assert "[tiny-node-0-0]" in out
     assert (tmp_path / "run" / "logs" / "tiny-node-0-1.log").stat().st_size > 0
+    kept = [(trainer_out / "logs" / "attempt-0" / f"node-{n}.log").read_text() for n in (0, 1)]
+    for n in (0, 1):
+        header, _, printed = (tmp_path / "run" / "logs" / f"tiny-node-0-{n}.log").read_text().partition("\n")
+        assert header.startswith("--- attempt 0: ") and printed == kept[n]
+    assert "summary" in kept[0]
     # the claim is the mapped directory; the emptyDir is each pod's own
     assert [p.name for p in sorted((tmp_path / "run" / "pods" / "attempt-0").iterdir())] == ["pod-0", "pod-1"]
     assert all((tmp_path / "run" / "pods" / "attempt-0" / pod / "scratch").is_dir() for pod in ("pod-0", "pod-1"))
@@ -98,6 +103,24 @@ def test_a_killed_pod_restarts_the_set_which_resumes_from_its_checkpoint(tmp_pat
     assert summary["resumed_from_step"] is not None and summary["resumed_from_step"] >= killed_after >= 20
     steps = [r["step"] for r in read_jsonl(run_dir / "volumes" / "runs" / "tiny" / "metrics.jsonl")]
     assert steps == list(range(1, 151))  # resumed where it stopped: no step lost, none repeated
+
+
+def test_a_data_error_fails_the_set_at_once_with_the_trainers_words(tmp_path):
+    """As on a cluster: the launcher exits with the class's code (65), which failurePolicy.actions
+    fails at once, so no restart meets the same files again."""
+    (tmp_path / "train.en").write_text("a\nb\nc\n")
+    (tmp_path / "train.de").write_bytes(b"Die Katze.\n\xc3(\nHeute.\n")
+    source = {"format": "pairs", "source": str(tmp_path / "train.en"), "target": str(tmp_path / "train.de")}
+    cfg = write_training(tmp_path, {"data": {"train": [source]}, "failurePolicy": {"maxRestarts": 2}})
+    proc = rosetta_run(["-f", str(cfg), "--output", str(tmp_path / "run"), "--allow-host-path"])
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 1, out[-4000:]
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run["phase"] == "Failed" and run["restarts"] == 0, run
+    assert 65 in run["exit_codes"].values()
+    assert "exited with code 65: DataInvalid: " in run["message"] and "not UTF-8 text" in run["message"]
+    assert "not restarted: failurePolicy.actions fails it at once" in run["message"]
+    assert "restarting every pod" not in out
 
 
 def test_ctrl_c_stops_every_pod_after_a_checkpoint(tmp_path):

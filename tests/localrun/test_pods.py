@@ -38,8 +38,8 @@ def test_each_pod_gets_its_rank_the_local_master_and_the_launcher_command(tmp_pa
         assert pod.env["ROSETTA_MASTER_ADDR"] == "127.0.0.1" and pod.env["ROSETTA_MASTER_PORT"] == "29555"
         assert pod.env["ROSETTA_RESTART_ATTEMPT"] == "2"
         assert pod.env["CUDA_VISIBLE_DEVICES"] == ""
-        # torchrun from this interpreter, every $(VAR) expanded the way the kubelet does it
-        assert pod.argv[:3] == [sys.executable, "-m", "torch.distributed.run"]
+        # the launcher from this interpreter (it runs torchrun), every $(VAR) expanded the way the kubelet does it
+        assert pod.argv[:4] == [sys.executable, "-m", "rosetta_trainer.launch", "torchrun"]
         assert "--nnodes=3" in pod.argv and f"--node-rank={pod.index}" in pod.argv
         assert "--master-addr=127.0.0.1" in pod.argv and "--master-port=29555" in pod.argv
         assert not any("$(" in arg for arg in pod.argv)

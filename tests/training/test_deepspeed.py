@@ -249,11 +249,14 @@ def test_the_operators_deepspeed_launcher_command_runs_on_two_nodes(runs):
                   "ROSETTA_NPROC_PER_NODE": "1", "ROSETTA_NODE_RANK": str(node),
                   "ROSETTA_MASTER_ADDR": "127.0.0.1", "ROSETTA_MASTER_PORT": str(port)}
         args = [re.sub(r"\$\((\w+)\)", lambda m: values[m.group(1)], a) for a in argv]
-        # The pod's launcher, whichever it is, from this interpreter's environment.
-        launcher = {"torchrun": "torch.distributed.run", "deepspeed": "deepspeed.launcher.runner"}[args[0]]
-        pods.append(subprocess.Popen([sys.executable, "-m", launcher, *args[1:], "--no-progress"],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
+        # The pod's command with this interpreter as the image's python: rosetta_trainer.launch runs torchrun.
+        assert args[0] == "python"
+        pods.append(subprocess.Popen([sys.executable, *args[1:], "--no-progress"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env={**env, **values}))
     outputs = [p.communicate(timeout=1800)[0] for p in pods]
     assert [p.returncode for p in pods] == [0, 0], "\n".join(o[-3000:] for o in outputs)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["backend"] == "deepspeed" and summary["steps"] == 4
+    # Each node kept its log of this attempt beside the checkpoints (the launcher's copy of its output).
+    assert [(out / "logs" / "attempt-0" / f"node-{n}.log").read_text() for n in (0, 1)] == outputs

@@ -10,7 +10,8 @@ import logging
 import sys
 
 from rosetta_contract.document_arguments import add_document_arguments
-from rosetta_contract.exits import DATA_INVALID_EXIT, exit_status
+from rosetta_contract.exits import error_message, exit_status
+from rosetta_contract.failures import EXIT_CLASSES
 
 
 def _count(minimum: int):
@@ -205,11 +206,13 @@ def dispatch(args: argparse.Namespace) -> int:
         status = exit_status(exc)
         if status is None:
             raise
-        print(f"error: {exc}", file=sys.stderr)
-        if status == DATA_INVALID_EXIT:
-            from rosetta_trainer.data_checks import report_data_invalid
+        message = error_message(exc, status)
+        print(f"error: {message}", file=sys.stderr)
+        failure_class = EXIT_CLASSES.get(status)
+        if failure_class is not None:  # in a pod: why it stopped, for the operator and the launcher
+            from rosetta_trainer.termination import write_termination_message
 
-            report_data_invalid(exc)
+            write_termination_message(failure_class, message)
         return status
 
 

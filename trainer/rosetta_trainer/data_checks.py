@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import logging
 import os
 from collections import Counter
 from dataclasses import dataclass, field
@@ -39,21 +38,14 @@ from pathlib import Path
 from typing import Iterator
 
 from rosetta_contract.config import REQUIRED_BY_FORMAT, DataSpec
-from rosetta_contract.exits import (
-    DEFAULT_TERMINATION_LOG,
-    MAX_TERMINATION_MESSAGE,
-    TERMINATION_LOG_ENV,
-    TERMINATION_PREFIX,
-)
+from rosetta_contract.failures import FailureClass
 from rosetta_contract.languages import task_prefix
 
 from .data import DataError, Example, iter_source
+from .termination import write_termination_message
 
 FILTERS = ("empty", "length_ratio", "test_overlap", "duplicate")
 EVAL_SPLITS = ("validation", "test")
-
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -254,15 +246,5 @@ def needs_checking(data: DataSpec) -> bool:
 
 def report_data_invalid(error: DataError) -> None:
     """Leave the error where Kubernetes keeps it after the container exits: the termination
-    message file. Written only in a pod (the kubelet creates the file) or when
-    $ROSETTA_TERMINATION_LOG names one, so a laptop run never creates /dev/termination-log."""
-    path = os.environ.get(TERMINATION_LOG_ENV) or DEFAULT_TERMINATION_LOG
-    if TERMINATION_LOG_ENV not in os.environ and not os.path.exists(path):
-        return
-    text = TERMINATION_PREFIX + " ".join(str(error).splitlines())
-    data = text.encode("utf-8")[:MAX_TERMINATION_MESSAGE].decode("utf-8", errors="ignore")
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(data)
-    except OSError as exc:  # the error itself still reaches the log and the exit code
-        log.warning("cannot write the termination message to %s: %s", path, exc)
+    message, `DataInvalid: <error>` (termination.py says where and when)."""
+    write_termination_message(FailureClass.DATA_INVALID, str(error))

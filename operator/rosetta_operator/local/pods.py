@@ -39,8 +39,10 @@ from rosetta_operator.render import COMPLETION_INDEX, CONFIG_KEY, REPLICATED_JOB
 RESTART_ATTEMPT_ENV = "ROSETTA_RESTART_ATTEMPT"
 _VAR_REF = re.compile(r"\$\((\w+)\)")
 # Launchers that the container image has on its PATH, mapped to this interpreter's modules,
-# so the same command works from a virtualenv that is not activated.
+# so the same command works from a virtualenv that is not activated. The image's `python` is this
+# interpreter; the trainer pod's `python -m rosetta_trainer.launch torchrun` maps torchrun itself.
 _LAUNCHER_MODULES = {"torchrun": "torch.distributed.run", "deepspeed": "deepspeed.launcher.runner"}
+_PYTHONS = ("python", "python3")
 
 
 class LocalRunError(RuntimeError):
@@ -246,6 +248,8 @@ def mount_volumes(rendered: Rendered, output: Path, volume_dirs: dict[str, Path]
 
 
 def _launcher_argv(argv: list[str]) -> list[str]:
+    if argv[0] in _PYTHONS:
+        return [sys.executable, *argv[1:]]
     module = _LAUNCHER_MODULES.get(argv[0])
     if module:
         return [sys.executable, "-m", module, *argv[1:]]
@@ -272,6 +276,8 @@ def pod_env(container: dict[str, Any], index: int, pod_name: str, paths: PathMap
                 env[name] = str(index)
             elif field_path == "metadata.name":
                 env[name] = pod_name
+            elif field_path == "spec.nodeName":
+                env[name] = socket.gethostname()  # every local pod's one node
             elif name in os.environ:
                 env[name] = os.environ[name]  # a secret the user exported locally
             else:

@@ -44,7 +44,7 @@ from rosetta_operator.local.pods import (
 from rosetta_operator.local.progress import TrainingProgress
 from rosetta_operator.local.report import format_table, summary_rows, write_plots
 from rosetta_operator.local.supervisor import LocalJobSet
-from rosetta_operator.render import grace_period_seconds, render
+from rosetta_operator.render import fail_fast_exit_codes, grace_period_seconds, render
 
 
 def parse_volume_args(values: list[str]) -> dict[str, Path]:
@@ -155,7 +155,7 @@ def run(file: str, *, output: str | None = None, volumes: Sequence[str] = (), ov
     grace = float(grace_period_seconds(spec))
     jobset = LocalJobSet(make_pods,
                          max_restarts=spec.failure_policy.max_restarts, grace_seconds=grace,
-                         output=out, sink=sink, on_tick=bar.tick)
+                         output=out, sink=sink, on_tick=bar.tick, fail_fast_codes=fail_fast_exit_codes(spec))
 
     def on_signal(signum: int, frame: Any) -> None:
         # Ctrl-C reaches the pods' process groups only through us (they run in new sessions).

@@ -2,7 +2,8 @@
 
 As on a cluster, the pods form a gang: when one fails, the others are stopped and the whole
 set is started again (a new restart attempt, new pods with new emptyDirs) until `maxRestarts`
-is used up; the trainer resumes from its latest checkpoint on the shared volume. Each pod is its own process group. Stopping is SIGTERM
+is used up, unless its exit code is one the spec fails at once (failurePolicy.actions, through the
+launcher's classified exit codes: render.fail_fast_exit_codes), as the cluster's pod failure policy does; the trainer resumes from its latest checkpoint on the shared volume. Each pod is its own process group. Stopping is SIGTERM
 to the launcher first (it forwards it, and the trainer checkpoints on it), then SIGKILL to
 the whole group after the grace period, as the kubelet does with a container.
 """
@@ -17,8 +18,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional
 
+from rosetta_contract.exits import TERMINATION_LOG_ENV
+from rosetta_contract.failures import parse_termination_message
 from rosetta_operator.local.pods import LocalPod
 
 POLL_SECONDS = 0.2
@@ -38,8 +41,12 @@ class _Pod:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log = open(log_dir / f"{pod.name}.log", "a", encoding="utf-8")
         self.log.write(f"--- attempt {attempt}: {' '.join(pod.argv)}\n")
+        # The container's /dev/termination-log: where the trainer names why it stopped.
+        self.termination_log = log_dir / f"{pod.name}.attempt-{attempt}.termination-log"
+        self.termination_log.unlink(missing_ok=True)
         self.proc = subprocess.Popen(
-            pod.argv, env={**os.environ, "PYTHONUNBUFFERED": "1", **pod.env},
+            pod.argv, env={**os.environ, "PYTHONUNBUFFERED": "1", **pod.env,
+                           TERMINATION_LOG_ENV: str(self.termination_log)},
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, text=True, errors="replace", bufsize=1,
         )
@@ -54,6 +61,12 @@ class _Pod:
             self.log.flush()
             if line.strip():
                 sink(prefix + line.rstrip("\n"))
+
+    def why(self) -> str:
+        """`pod NAME exited with code N`, and what the trainer said (its termination message)."""
+        said = self.termination_log.read_text(errors="replace").strip() if self.termination_log.exists() else ""
+        why = f"pod {self.pod.name} exited with code {self.proc.returncode}"
+        return f"{why}: {said}" if parse_termination_message(said) else why
 
     def signal(self, sig: int) -> None:
         try:
@@ -71,8 +84,10 @@ class LocalJobSet:
     shared volumes (where the checkpoints are, for the new pods to resume from)."""
 
     def __init__(self, make_pods: Callable[[int], list[LocalPod]], *, max_restarts: int, grace_seconds: float,
-                 output: Path, sink: Callable[[str], None] = print, on_tick: Optional[Callable[[], None]] = None):
+                 output: Path, sink: Callable[[str], None] = print, on_tick: Optional[Callable[[], None]] = None,
+                 fail_fast_codes: Iterable[int] = ()):
         self.make_pods, self.max_restarts, self.grace = make_pods, max_restarts, grace_seconds
+        self.fail_fast_codes = frozenset(fail_fast_codes)
         self.output, self.sink, self.on_tick = output, sink, on_tick
         self._stop_requested: Optional[int] = None
 
@@ -92,7 +107,9 @@ class LocalJobSet:
                 return Outcome("Stopped", attempt, codes, "stopped by a signal; the trainer checkpointed on SIGTERM")
             if failed is None:
                 return Outcome("Succeeded", attempt, codes)
-            why = f"pod {failed.pod.name} exited with code {failed.proc.returncode}"
+            why = failed.why()
+            if failed.proc.returncode in self.fail_fast_codes:
+                return Outcome("Failed", attempt, codes, f"{why}; not restarted: failurePolicy.actions fails it at once")
             if attempt >= self.max_restarts:
                 return Outcome("Failed", attempt, codes, f"{why}; maxRestarts ({self.max_restarts}) reached")
             attempt += 1

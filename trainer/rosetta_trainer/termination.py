@@ -1,0 +1,44 @@
+"""The termination message: the one line a trainer pod leaves, as `<Class>: <what happened>`, for the
+kubelet to keep after the container exits, the operator to read and the pod's launcher to exit with
+the class's code (rosetta_contract.failures, launch.py). Torch-free.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from rosetta_contract.exits import DEFAULT_TERMINATION_LOG, MAX_TERMINATION_MESSAGE, TERMINATION_LOG_ENV
+from rosetta_contract.failures import parse_termination_message, termination_message
+
+log = logging.getLogger(__name__)
+
+
+def termination_log() -> str | None:
+    """The file, or None: written only in a pod (the kubelet creates it) or where
+    $ROSETTA_TERMINATION_LOG names one, so that a laptop run never creates /dev/termination-log."""
+    path = os.environ.get(TERMINATION_LOG_ENV) or DEFAULT_TERMINATION_LOG
+    if TERMINATION_LOG_ENV not in os.environ and not os.path.exists(path):
+        return None
+    return path
+
+
+def write_termination_message(failure_class: str, message: str) -> None:
+    """Leave `<failure_class>: <message>` (one line, at most the kubelet's 4096 bytes). A class some
+    other rank of this pod already left is kept: the first error is the cause, and the ranks that
+    fail after it mostly fail because of it."""
+    path = termination_log()
+    if path is None:
+        return
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            if parse_termination_message(f.read(MAX_TERMINATION_MESSAGE)) is not None:
+                return
+    except OSError:
+        pass  # not there yet, or not readable: write it
+    data = termination_message(failure_class, message).encode("utf-8")[:MAX_TERMINATION_MESSAGE]
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(data.decode("utf-8", errors="ignore"))
+    except OSError as exc:  # the error itself still reaches the log and the exit code
+        log.warning("cannot write the termination message to %s: %s", path, exc)
