@@ -343,6 +343,31 @@ class Client:
             yield from pod_logs.lines(self.cluster, name, rank=rank, all_ranks=all_ranks, follow=follow, tail=tail,
                                       since=since, previous=previous, wait=pod_running_timeout, on_pod=on_pod)
 
+    def attempt_logs(self, name: str, attempt: int, *, rank: Optional[int] = None, all_ranks: bool = False,
+                     tail: Optional[int] = None, timeout: Optional[float] = None,
+                     on_header: Optional[Callable[[str], None]] = None) -> Iterator[str]:
+        """The log attempt `attempt` (0: the first, N: after N gang restarts) kept on the checkpoints
+        volume or in the S3 mirror, line by line, also once its pods are gone.
+
+        Node 0's, and the node whose failure ended the attempt when status.attempts names one;
+        `rank`: that node's; `all_ranks`: every node's that has one. Lines are prefixed `[rank N] `
+        when more than one node is chosen; `on_header` hears `==> attempt N, node R … <==` before
+        each node's lines, and notes. `tail`: the last lines of each node's log. From S3 with this
+        machine's AWS credentials, else through a reader pod that mounts the volume (created in the
+        training's namespace, deleted after); `timeout` (default 3 minutes) bounds the wait for it."""
+        from rosetta_operator import attempt_logs
+
+        if attempt < 0:
+            raise InvalidArgument(f"attempt {attempt}: attempts are 0, 1, …")
+        if rank is not None and rank < 0:
+            raise InvalidArgument(f"rank {rank}: node ranks are 0, 1, …")
+        if rank is not None and all_ranks:
+            raise InvalidArgument("rank and all_ranks: one or the other")
+        with self._errors():
+            yield from attempt_logs.lines(self.cluster, name, attempt, rank=rank, all_ranks=all_ranks, tail=tail,
+                                          timeout=attempt_logs.READER_TIMEOUT if timeout is None else timeout,
+                                          on_header=on_header)
+
     # -------------------------------------------------------------------------- wait
 
     def wait(self, name: str, phase: Optional[str] = "Succeeded", *, condition: Optional[str] = None,

@@ -66,6 +66,16 @@ def _rank(text: str) -> int:
     return value
 
 
+def _attempt(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"'{text}' is not an attempt (0 for the first, 1 after one gang restart, …)")
+    return value
+
+
 OUTPUTS = ("table", "wide", "name", "json", "yaml")
 
 
@@ -161,18 +171,24 @@ def add_verbs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=_cmd_status)
 
     p = _verb(sub, "logs", "the log of one node's pod (rank 0 by default) or of all; -f follows it "
-                           "across gang restarts until the training ends",
-              "The trainer container's log of node rank N's pod, found through the training's JobSet.",
+                           "across gang restarts until the training ends; --attempt N reads an attempt's "
+                           "kept log after its pods are gone",
+              "The trainer container's log of node rank N's pod, found through the training's JobSet. "
+              "With --attempt N: the log each node kept of attempt N (0: the first; N: after N gang "
+              "restarts) on the checkpoints volume (read by a short-lived pod that mounts it) or in "
+              "the S3 mirror (read with this machine's AWS credentials).",
               "  %(prog)s quickstart-cpu                    # rank 0\n"
               "  %(prog)s quickstart-cpu -f --since 10m     # the last 10 minutes, then as it grows\n"
               "  %(prog)s quickstart-cpu --all-ranks -f     # every rank, each line prefixed [rank N]\n"
-              "  %(prog)s quickstart-cpu --rank 1 --previous   # the pod the last gang restart replaced")
+              "  %(prog)s quickstart-cpu --rank 1 --previous   # the pod the last gang restart replaced\n"
+              "  %(prog)s quickstart-cpu --attempt 0        # node 0 and the failing node, pods gone")
     p.add_argument("name")
     _cluster_arguments(p)
     p.add_argument("-f", "--follow", action="store_true", help="stream the log, and the next pod's after a restart")
     ranks = p.add_mutually_exclusive_group()
-    ranks.add_argument("--rank", type=_rank, default=0, metavar="N",
-                       help="node rank, the pod's completion index (default 0)")
+    ranks.add_argument("--rank", type=_rank, metavar="N",
+                       help="node rank, the pod's completion index (default 0; with --attempt, 0 and the "
+                            "node whose failure ended it)")
     ranks.add_argument("--all-ranks", action="store_true",
                        help="every node's log, each line prefixed with its rank, as kubectl's --prefix")
     p.add_argument("--tail", type=int, metavar="LINES", help="only the last LINES lines of each pod's log")
@@ -180,8 +196,12 @@ def add_verbs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="only lines newer than this, e.g. 10m (kubectl's --since)")
     p.add_argument("-p", "--previous", action="store_true",
                    help="the log of the rank's pod before the last gang restart, while the cluster still has it")
-    p.add_argument("--pod-running-timeout", type=duration_seconds, default=60.0, metavar="DURATION",
-                   help="without -f: how long to wait for the pod to start (default 60s)")
+    p.add_argument("--attempt", type=_attempt, metavar="N",
+                   help="the log kept of attempt N (0: the first), read from the checkpoints volume or S3 "
+                        "after its pods are gone")
+    p.add_argument("--pod-running-timeout", type=duration_seconds, metavar="DURATION",
+                   help="without -f: how long to wait for the pod to start (default 60s; with --attempt, "
+                        "for the log reader pod to finish, default 3m)")
     p.set_defaults(func=_cmd_logs)
 
     p = _verb(sub, "wait", "wait until a training reaches a phase or condition, or is deleted",
@@ -430,13 +450,36 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 @_reported
 def _cmd_logs(args: argparse.Namespace) -> int:
+    if args.attempt is not None:
+        return _attempt_logs(args)
     client = _client(args)
-    for line in client.logs(args.name, rank=args.rank, all_ranks=args.all_ranks, follow=args.follow, tail=args.tail,
-                            since=args.since, previous=args.previous, pod_running_timeout=args.pod_running_timeout,
+    timeout = 60.0 if args.pod_running_timeout is None else args.pod_running_timeout
+    for line in client.logs(args.name, rank=args.rank or 0, all_ranks=args.all_ranks, follow=args.follow,
+                            tail=args.tail, since=args.since, previous=args.previous, pod_running_timeout=timeout,
                             on_pod=lambda header: print(header, file=sys.stderr, flush=True)):
         sys.stdout.write(line + "\n")
         if args.follow:
             sys.stdout.flush()
+    return 0
+
+
+def _attempt_logs(args: argparse.Namespace) -> int:
+    """`logs --attempt N`: the kept files, node after node; each node's `==> … <==` header on stderr."""
+    from rosetta_operator.kube import INVALID, VerbError
+
+    given = [flag for flag, on in (("-f", args.follow), ("--since", args.since is not None),
+                                   ("--previous", args.previous)) if on]
+    if given:
+        raise VerbError(f"--attempt prints what was kept, once: {', '.join(given)} cannot go with it", INVALID)
+
+    def header(line: str) -> None:
+        sys.stdout.flush()  # the lines before it first, when both streams go to one place
+        print(line, file=sys.stderr, flush=True)
+
+    client = _client(args)
+    for line in client.attempt_logs(args.name, args.attempt, rank=args.rank, all_ranks=args.all_ranks,
+                                    tail=args.tail, timeout=args.pod_running_timeout, on_header=header):
+        sys.stdout.write(line + "\n")
     return 0
 
 

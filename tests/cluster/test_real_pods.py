@@ -118,6 +118,27 @@ def test_quickstart_cpu_trains_on_two_real_pods_and_resumes_after_one_is_deleted
     listed = kubectl(node_cluster, "get", "tt", "-n", node_namespace, name)
     assert "Succeeded" in listed.stdout and f"{bleu:g}"[:3] in listed.stdout, listed.stdout
 
+    # The first attempt's pods went with the gang restart long ago; the launcher kept each node's log of
+    # each attempt on the claim, and `logs --attempt` reads it back through a pod that mounts the claim
+    # read-only, then deletes that pod.
+    from test_cli_verbs import rosetta
+
+    from rosetta_operator.attempt_logs import READER_LABEL
+
+    kept = sorted(str(p.relative_to(storage / name)) for p in (storage / name / "logs").rglob("*")) \
+        if (storage / name / "logs").is_dir() else []
+    code, out, err = rosetta(node_cluster, "logs", name, "-n", node_namespace, "--attempt", "0", "--rank", "0")
+    assert code == 0, (err, kept)
+    assert "the training text was not read" in out and "resuming from" not in out, (out[-3000:], kept)
+    assert err.startswith("==> attempt 0, node 0"), err
+    code, out, err = rosetta(node_cluster, "logs", name, "-n", node_namespace, "--attempt", "1", "--rank", "0")
+    assert code == 0 and "resuming from" in out, (err, out[-3000:])
+    code, out, err = rosetta(node_cluster, "logs", name, "-n", node_namespace, "--attempt", "7")
+    assert (code, err) == (1, f"error: training {name} has no kept log for attempt 7 (attempts kept: 0, 1)\n"), \
+        (code, err, kept)
+    wait_for(lambda: not [p for p in node_cluster.pods(node_namespace) if READER_LABEL in (p.metadata.labels or {})],
+             "the log reader pods to be deleted", timeout=30)
+
 
 def one_pod_training(namespace: str, name: str) -> dict:
     """The quickstart on one pod, a few dozen steps: enough for a checkpoint, an evaluation and BLEU."""

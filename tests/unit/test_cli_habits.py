@@ -98,7 +98,7 @@ def test_the_bash_completion_completes_commands_options_files_and_training_names
         return run.stdout.split()
 
     assert complete("rosetta", "su") == ["submit", "suspend"]
-    assert complete("rosetta", "logs", "--a") == ["--all-ranks"]
+    assert complete("rosetta", "logs", "--a") == ["--all-ranks", "--attempt"]
     assert complete("rosetta", "status", "al") == ["alpha"]
     assert complete("rosetta", "submit", "-f", str(tmp_path / "rosetta.b")) == [str(script)]
 
