@@ -838,6 +838,31 @@ DEFAULT_COLLECTIVE_TIMEOUT_SECONDS = 1800
 DEFAULT_STALL_TIMEOUT_SECONDS = 2 * DEFAULT_COLLECTIVE_TIMEOUT_SECONDS
 
 
+class PreflightSpec(Model):
+    """A check of each pod's node before it trains (docs/operator.md, Bad nodes)."""
+
+    enabled: bool = Field(
+        False,
+        description="Before training, every rank checks that its GPU is visible and computes correctly, and the "
+                    "gang runs one all-reduce; a rank that fails exits with NodeUnhealthy (81), and on a cluster the "
+                    "operator keeps the next attempts off that node.",
+    )
+    min_bus_bandwidth_gbps: Optional[float] = Field(
+        None, gt=0, le=10_000,
+        description="With GPUs, the all-reduce's bus bandwidth (GB/s, as nccl-tests reports it) below which the "
+                    "node whose rank is slowest is unhealthy. None: no floor, the collective only has to finish.",
+    )
+    collective_mib: int = Field(
+        256, ge=1, le=8192, description="Size of the pre-flight all-reduce per rank, in MiB (the bandwidth needs "
+                                        "a message large enough to measure the links, not the latency).",
+    )
+    max_excluded_nodes: int = Field(
+        4, ge=0, le=256,
+        description="On a cluster, at most this many nodes are kept out of the training's next attempts; past it "
+                    "the attempt restarts anywhere (a fleet-wide fault is no single node's).",
+    )
+
+
 class FaultToleranceSpec(Model):
     """What counts as a hang, and what happens then (docs/operator.md, Hangs)."""
 
@@ -861,6 +886,8 @@ class FaultToleranceSpec(Model):
                     "It must cover the longest time one rank works alone while the others wait, e.g. rank 0 "
                     "training the tokenizer.",
     )
+    preflight: PreflightSpec = Field(default_factory=PreflightSpec,
+                                     description="Check each node before training (off unless enabled).")
 
 
 class TrainerSpec(Model):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from typing import Annotated, Any, Literal, Optional, Self
+from typing import Annotated, Any, Literal, Optional, Self, cast
 
 from pydantic import (
     AfterValidator,
@@ -22,6 +22,7 @@ from pydantic import (
 
 from rosetta_contract import __version__, core_types
 from rosetta_contract.config import CheckpointSpec
+from rosetta_contract.failures import DEFAULT_ACTIONS, FailureClass
 from rosetta_contract.labels import QUALIFIED_NAME, LabelKey, LabelValue
 from rosetta_contract.profiles import PROFILES, USER_OVERRIDABLE
 from rosetta_contract.quantities import Quantity
@@ -449,11 +450,53 @@ def is_under(path: str, mount: str) -> bool:
     return path == mount or path.startswith(mount + "/")
 
 
+FailureAction = Literal["Fail", "Restart"]
+
+
+def _action(failure_class: str, what: str) -> Any:
+    return Field(DEFAULT_ACTIONS[failure_class], description=f"{what} Default {DEFAULT_ACTIONS[failure_class]}.")
+
+
+class FailureActionsSpec(Model):
+    """What ends the training at once (Fail) and what restarts the gang from its last checkpoint
+    (Restart, counted towards maxRestarts), by why an attempt ended. A preemption or a lost node
+    always restarts without counting; any other crash restarts and counts."""
+
+    data_invalid: FailureAction = _action(FailureClass.DATA_INVALID, "The trainer refused the training data.")
+    config_error: FailureAction = _action(FailureClass.CONFIG_ERROR, "The document, a path or a checkpoint cannot be used.")
+    non_finite: FailureAction = _action(FailureClass.NON_FINITE, "training.nanPolicy: stop ended the run.")
+    cuda_out_of_memory: FailureAction = _action(FailureClass.CUDA_OUT_OF_MEMORY, "A rank ran out of GPU memory.")
+    oom_killed: FailureAction = _action(FailureClass.OOM_KILLED, "The kernel killed a container at resources.memory.")
+    image_pull_failed: FailureAction = _action(
+        FailureClass.IMAGE_PULL_FAILED,
+        "The kubelet cannot pull the image; Restart keeps the pods waiting while the kubelet retries.")
+    collective_timeout: FailureAction = _action(
+        FailureClass.COLLECTIVE_TIMEOUT, "A collective waited faultTolerance.collectiveTimeoutSeconds for a rank.")
+
+    def action(self, failure_class: str) -> Optional[FailureAction]:
+        """The action for a class, or None for one no spec chooses (Preempted, NodeLost, Error, Stalled)."""
+        name = CONFIGURABLE_FIELDS.get(failure_class)
+        return None if name is None else cast(FailureAction, getattr(self, name))
+
+
+CONFIGURABLE_FIELDS = {
+    FailureClass.DATA_INVALID: "data_invalid", FailureClass.CONFIG_ERROR: "config_error",
+    FailureClass.NON_FINITE: "non_finite", FailureClass.CUDA_OUT_OF_MEMORY: "cuda_out_of_memory",
+    FailureClass.OOM_KILLED: "oom_killed", FailureClass.IMAGE_PULL_FAILED: "image_pull_failed",
+    FailureClass.COLLECTIVE_TIMEOUT: "collective_timeout",
+}
+
+
 class FailurePolicySpec(Model):
     max_restarts: int = Field(
         3, ge=0, le=1000,
         description="Restart the whole JobSet this many times after a pod fails. Restarts after a preemption, "
                     "eviction or drain (the pod's DisruptionTarget condition) do not count.",
+    )
+    actions: FailureActionsSpec = Field(
+        default_factory=FailureActionsSpec,
+        description="By why an attempt ended (status.attempts[].reason): fail the training at once, or restart "
+                    "the gang. Deterministic errors fail by default; a collective timeout restarts.",
     )
 
 

@@ -25,6 +25,7 @@ from rosetta_contract.pod_fields import (
 from rosetta_contract.profiles import PROFILES
 from rosetta_contract.resource import GROUP, KIND, PHASES, PLURAL, VERSION
 from rosetta_contract.spec import TranslationTrainingSpec
+from rosetta_operator.attempts import MAX_ATTEMPTS
 
 # The JobSet's headless Service takes the training's name.
 DNS1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
@@ -380,6 +381,33 @@ def status_schema() -> dict[str, Any]:
                                 "(condition Stalled); under stallAction restart each one is also a restart."),
         "startTime": _time("When the pods first ran"),
         "completionTime": _time("When the training succeeded or failed"),
+        "excludedNodes": {"type": "array", "maxItems": 256,
+                          "description": "Nodes kept out of the next attempts because a pod failed the pre-flight "
+                                         "check on them (spec.faultTolerance.preflight), at most maxExcludedNodes.",
+                          "items": _obj("One excluded node.", {
+                              "node": _t("string", "The node's name."),
+                              "reason": _t("string", "Why: NodeUnhealthy."),
+                              "message": _t("string", "What the pre-flight check said."),
+                              "attempt": _t("integer", "The attempt in which it failed."),
+                              "time": _time("When it was excluded"),
+                          }, required=["node"])},
+        "attempts": {"type": "array", "maxItems": MAX_ATTEMPTS,
+                     "description": f"The newest {MAX_ATTEMPTS} attempts (the first run and every gang restart), oldest "
+                                    "first; `rosetta logs NAME --attempt N` reads an ended one's logs.",
+                     "items": _obj("One attempt of the gang.", {
+                         "attempt": _t("integer", "0 for the first run, then one more per gang restart."),
+                         "startTime": _time("When the operator first saw it running (or its end)"),
+                         "endTime": _time("When it ended"),
+                         "reason": _t("string", "Why it ended: Succeeded, or a failure class (DataInvalid, ConfigError, "
+                                                "NonFinite, CudaOutOfMemory, CollectiveTimeout, OOMKilled, "
+                                                "ImagePullFailed, NodeLost, Preempted, Stalled, Error)."),
+                         "message": _t("string", "What the failing pod said, its pod and node first."),
+                         "exitCode": _t("integer", "The failing container's exit code."),
+                         "pod": _t("string", "The pod that failed first, by the most specific reason."),
+                         "node": _t("string", "The node it ran on."),
+                         "nodeRank": _t("integer", "Its node rank (completion index)."),
+                         "lastStep": _t("integer", "The last optimizer step the operator saw in the attempt."),
+                     }, required=["attempt"])},
         "conditions": {"type": "array", "description": "Latest observations, one per type.",
                        "items": condition, "x-kubernetes-list-type": "map",
                        "x-kubernetes-list-map-keys": ["type"]},

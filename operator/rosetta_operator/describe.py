@@ -251,9 +251,32 @@ def describe(obj: Mapping[str, Any], now: datetime, events: Optional[Sequence[Ma
         lines += ["  " + line for line in _columns(cells).splitlines()]
     else:
         lines.append("Conditions:     -")
+    lines += attempts_table((obj.get("status") or {}).get("attempts") or [], now)
+    lines += excluded_table((obj.get("status") or {}).get("excludedNodes") or [], now)
     if events is not None:
         lines += events_table(events, now)
     return "\n".join(lines) + "\n"
+
+
+def attempts_table(attempts: Sequence[Mapping[str, Any]], now: datetime) -> list[str]:
+    """The `Attempts:` section: why each run of the gang ended (status.attempts), newest last."""
+    if not attempts:
+        return []
+    rows = [["ATTEMPT", "REASON", "ENDED", "STEP", "POD", "NODE", "EXIT", "MESSAGE"]] + [
+        [str(a.get("attempt", "")), a.get("reason") or "running", age(a["endTime"], now) + " ago" if a.get("endTime") else "-",
+         str(a.get("lastStep", "-")), a.get("pod") or "-", a.get("node") or "-", str(a.get("exitCode", "-")),
+         " ".join(str(a.get("message") or "").split())] for a in attempts]
+    return ["Attempts:"] + ["  " + line for line in _columns(rows).splitlines()]
+
+
+def excluded_table(excluded: Sequence[Mapping[str, Any]], now: datetime) -> list[str]:
+    """The `Excluded nodes:` section: nodes kept out of the next attempts, and why (status.excludedNodes)."""
+    if not excluded:
+        return []
+    rows = [["NODE", "REASON", "ATTEMPT", "AGE", "MESSAGE"]] + [
+        [e.get("node", ""), e.get("reason", ""), str(e.get("attempt", "-")), age(e.get("time"), now),
+         " ".join(str(e.get("message") or "").split())] for e in excluded]
+    return ["Excluded nodes:"] + ["  " + line for line in _columns(rows).splitlines()]
 
 
 # ------------------------------------------------------------------------------ events

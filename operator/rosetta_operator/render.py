@@ -13,13 +13,14 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Mapping, cast
+from typing import Any, Mapping, Optional, cast
 
 import jinja2
 import yaml
 from pydantic import BaseModel
 
 from rosetta_contract.exits import DATA_INVALID_EXIT
+from rosetta_contract.failures import CLASS_EXITS, FAIL, NODE_NAME_ENV
 from rosetta_contract.pod_fields import DEFAULT_OUTPUT_MOUNT, TRAINER_HOME, TRAINER_UID, is_under
 from rosetta_contract.profiles import EFA_RESOURCE, PROFILES
 from rosetta_contract.resource import API_VERSION, KIND
@@ -54,6 +55,9 @@ APPLIED_SUSPEND = "rosetta.dev/applied-suspend"
 DISRUPTION_TARGET = "DisruptionTarget"
 POD_FAILURE_POLICY_REASON = "PodFailurePolicy"
 PREEMPTION_RULE = "preemption"
+FAIL_FAST_RULE = "fail_fast"
+NODE_HEALTH_GATE = "rosetta.dev/node-health"
+TRAINER_CONTAINER = "trainer"
 PREEMPTION_ACTION = "RestartJobSetAndIgnoreMaxRestarts"
 BASE_LABELS = {"app.kubernetes.io/name": "rosetta", "app.kubernetes.io/managed-by": "rosetta-operator"}
 # Stands for the random suffix the Job controller appends to each pod name: JobSet's admission
@@ -170,10 +174,44 @@ def suspend_patch(jobset: dict[str, Any], suspend: bool) -> dict[str, Any] | Non
     return patch
 
 
-def pod_failure_policy() -> dict[str, Any]:
-    """A pod the cluster took away fails its Job at once, with a reason the JobSet can tell apart."""
-    return {"rules": [{"action": "FailJob",
-                       "onPodConditions": [{"type": DISRUPTION_TARGET, "status": "True"}]}]}
+def fail_fast_exit_codes(spec: TranslationTrainingSpec) -> list[int]:
+    """The trainer's exit codes (failures.CLASS_EXITS, through rosetta_trainer.launch) whose class the
+    spec fails at once (failurePolicy.actions)."""
+    actions = spec.failure_policy.actions
+    return sorted(code for cls, code in CLASS_EXITS.items() if actions.action(cls) == FAIL)
+
+
+def scheduling_gates(spec: TranslationTrainingSpec) -> list[dict[str, str]]:
+    """With the pre-flight check on, every gang pod waits for the operator, which adds node
+    anti-affinity for the nodes that failed it (node_health.py) and then lifts the gate: a JobSet's
+    pod template cannot change affinity between restarts, a gated pod's can."""
+    return [{"name": NODE_HEALTH_GATE}] if spec.fault_tolerance.preflight.enabled else []
+
+
+def pod_failure_policy(spec: TranslationTrainingSpec) -> dict[str, Any]:
+    """A pod the cluster took away fails its Job at once, with a reason the JobSet can tell apart;
+    so does a trainer that exits with a class the spec fails at once, whose message (the Job
+    controller's "Container trainer for pod ... failed with exit code N matching FailJob rule")
+    the JobSet's fail-fast rule tells apart from a preemption."""
+    rules: list[dict[str, Any]] = [{"action": "FailJob",
+                                    "onPodConditions": [{"type": DISRUPTION_TARGET, "status": "True"}]}]
+    codes = fail_fast_exit_codes(spec)
+    if codes:
+        rules.append({"action": "FailJob",
+                      "onExitCodes": {"containerName": TRAINER_CONTAINER, "operator": "In", "values": codes}})
+    return {"rules": rules}
+
+
+def fail_fast_rule(spec: TranslationTrainingSpec) -> Optional[dict[str, Any]]:
+    """The JobSet rule that fails the training, instead of restarting it, when the gang's Job failed
+    on one of fail_fast_exit_codes."""
+    codes = fail_fast_exit_codes(spec)
+    if not codes:
+        return None
+    pattern = (f"^Container {TRAINER_CONTAINER} for pod \\S+ failed with exit code "
+               f"({'|'.join(map(str, codes))}) matching FailJob rule")
+    return {"name": FAIL_FAST_RULE, "action": "FailJobSet", "onJobFailureReasons": [POD_FAILURE_POLICY_REASON],
+            "onJobFailureMessagePatterns": [pattern], "targetReplicatedJobs": [REPLICATED_JOB]}
 
 
 # JobSet's webhook: a letter, then letters, digits, "_", "," or ":" (no "-").
@@ -191,6 +229,9 @@ def failure_policy(spec: TranslationTrainingSpec) -> dict[str, Any]:
         rules = [{"name": STAGE_REFUSED_RULE, "action": "FailJobSet", "onJobFailureReasons": [POD_FAILURE_POLICY_REASON],
                   "targetReplicatedJobs": [STAGE_JOB]},
                  {**rules[0], "targetReplicatedJobs": [REPLICATED_JOB]}]
+    fail_fast = fail_fast_rule(spec)
+    if fail_fast is not None:
+        rules.insert(0, fail_fast)  # first: the preemption rule matches the same reason
     return {"maxRestarts": spec.failure_policy.max_restarts, "rules": rules}
 
 
@@ -264,6 +305,8 @@ def launcher_env(spec: TranslationTrainingSpec, names: Names) -> list[dict[str, 
     # Index of this pod in the Indexed Job = node rank.
     env.insert(3, {"name": "ROSETTA_NODE_RANK", "valueFrom": {
         "fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}}})
+    # The node a pod runs on: the pre-flight check names it when it fails (NodeUnhealthy).
+    env.append({"name": NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
     # How often the JobSet restarted the gang; the trainer reports it (summary, rosetta_restarts).
     env.append({"name": "ROSETTA_RESTART_ATTEMPT", "valueFrom": {
         "fieldRef": {"fieldPath": f"metadata.annotations['{RESTART_ATTEMPT}']"}}})
@@ -355,9 +398,13 @@ def command(spec: TranslationTrainingSpec) -> list[str]:
     DeepSpeed's runner wants a hostfile (or ssh) for more than one node, and as a container's PID 1
     it does not pass SIGTERM on to its workers, so a deleted pod would write no stop checkpoint.
     torchrun forwards SIGTERM to every worker and rendezvouses through the JobSet's rank-0 name.
+
+    rosetta_trainer.launch runs torchrun: it keeps the node's log of this attempt on the output
+    volume and exits with the failure class's code the trainer named (torchrun's own is 1 for every
+    failure), which the pod failure policy matches (failures.py).
     """
     trainer = ["train", "-f", "$(ROSETTA_CONFIG)", "--output", "$(ROSETTA_OUTPUT)"]
-    return ["torchrun", "--nnodes=$(ROSETTA_NNODES)", "--nproc-per-node=$(ROSETTA_NPROC_PER_NODE)",
+    return ["python", "-m", "rosetta_trainer.launch", "torchrun", "--nnodes=$(ROSETTA_NNODES)", "--nproc-per-node=$(ROSETTA_NPROC_PER_NODE)",
             "--node-rank=$(ROSETTA_NODE_RANK)", "--master-addr=$(ROSETTA_MASTER_ADDR)",
             "--master-port=$(ROSETTA_MASTER_PORT)", "-m", "rosetta_trainer", *trainer]
 
@@ -525,10 +572,10 @@ def render(name: str, namespace: str, spec: TranslationTrainingSpec, owner: Mapp
     jobset = _render_template(
         "jobset.yaml.j2", spec=spec, names=names, namespace=namespace, labels=labels,
         jobset_labels=jobset_labels, jobset_annotations=annotations, owner_references=owners,
-        suspend=jobset_suspend(spec), failure_policy=failure_policy(spec), pod_failure_policy=pod_failure_policy(),
+        suspend=jobset_suspend(spec), failure_policy=failure_policy(spec), pod_failure_policy=pod_failure_policy(spec),
         pod_annotations={"kubectl.kubernetes.io/default-container": "trainer", **topology_annotations(spec)},
         image_pull_secrets=[{"name": s} for s in spec.image_pull_secrets],
-        node_selector=node_selector, tolerations=tolerations,
+        node_selector=node_selector, tolerations=tolerations, scheduling_gates=scheduling_gates(spec),
         security_context=pod_security_context(spec), container_security_context=container_security_context(),
         automount_token=spec.pod_security.automount_service_account_token,
         command=command(spec),

@@ -8,10 +8,12 @@ match on them.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, TypeGuard, cast
 
 from rosetta_contract.exits import TERMINATION_PREFIX
+from rosetta_contract.failures import FailureClass
 from rosetta_contract.resource import Phase
 from rosetta_operator.render import KUEUE_QUEUE_LABEL, PREEMPTION_ACTION, STAGE_JOB
 
@@ -67,6 +69,7 @@ class Reason:
     STALLED = "Stalled"            # the Warning event of a stall, and Failed's reason under stallAction: fail
     NO_HEARTBEAT = "NoHeartbeat"   # Stalled=True
     HEARTBEAT = "Heartbeat"        # Stalled=False: rank 0 beats again
+    NODE_EXCLUDED = "NodeExcluded"  # the Warning event of a node kept out of the next attempts (node_health.py)
 
 
 TRUE, FALSE = "True", "False"
@@ -434,11 +437,33 @@ def is_stalled(status: Mapping[str, Any]) -> bool:
     return _is_true(condition(status, ConditionType.STALLED))
 
 
+# The classes the operator itself stops a gang for (observation.stop_for_good), as Failed's reason.
+STOPPED_BY_OPERATOR = frozenset({Reason.STALLED, FailureClass.OOM_KILLED, FailureClass.IMAGE_PULL_FAILED,
+                                 FailureClass.CONFIG_ERROR, FailureClass.NON_FINITE, FailureClass.CUDA_OUT_OF_MEMORY,
+                                 FailureClass.COLLECTIVE_TIMEOUT})
+
+
 def stopped_for_good(status: Mapping[str, Any]) -> bool:
-    """The operator stopped the gang and failed the training (DataInvalid, or a stall under
-    stallAction: fail): nothing its suspended JobSet does changes that."""
+    """The operator stopped the gang and failed the training (DataInvalid, a class the spec fails
+    at once that only the pods tell, or a stall under stallAction: fail): nothing its suspended
+    JobSet does changes that."""
     failed = condition(status, ConditionType.FAILED)
-    return is_data_invalid(status) or (_is_true(failed) and failed.get("reason") == Reason.STALLED)
+    return is_data_invalid(status) or (_is_true(failed) and failed.get("reason") in STOPPED_BY_OPERATOR)
+
+
+def failure_reason(failure_class: str) -> str:
+    """Failed's reason (and the Warning event's) for an attempt that ended with `failure_class`."""
+    return Reason.DATA_CHECK_FAILED if failure_class == FailureClass.DATA_INVALID else failure_class
+
+
+def observe_failure(failure_class: str, message: str, *, restarts: Optional[int] = None,
+                    preemptions: Optional[int] = None, start_time: Optional[str] = None,
+                    now: str = "") -> Observation:
+    """Failed for good with the class as the reason: the gang is stopped, not retried."""
+    if failure_class == FailureClass.DATA_INVALID:
+        return observe_data_invalid(message, restarts=restarts, preemptions=preemptions, start_time=start_time, now=now)
+    summary = " ".join(w.lower() for w in re.findall(r"[A-Z]+(?![a-z])|[A-Z][a-z]*", failure_class)) or failure_class
+    return _failed_for_good(failure_class, summary, message, (), restarts, preemptions, start_time, now)
 
 
 def _failed_for_good(reason: str, summary: str, message: str, extra: tuple[Cond, ...], restarts: Optional[int],

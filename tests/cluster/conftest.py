@@ -41,12 +41,15 @@ class LiveCluster(Cluster):
         selector = f"jobset.sigs.k8s.io/jobset-name={jobset}" if jobset else None
         return self.core.list_namespaced_pod(namespace, label_selector=selector).items
 
-    def end_pod(self, namespace: str, name: str, exit_code: int, message: str | None = None) -> None:
+    def end_pod(self, namespace: str, name: str, exit_code: int, message: str | None = None,
+                reason: str | None = None) -> None:
         """The pod's container exits with `exit_code` and, if given, `message` as its termination
-        message (kwok_stages.yaml's rosetta-pod-exit)."""
+        message and `reason` as the runtime's reason, e.g. OOMKilled (kwok_stages.yaml's rosetta-pod-exit)."""
         annotations = {EXIT_CODE_ANNOTATION: str(exit_code)}
         if message is not None:
             annotations["rosetta.test/termination-message"] = message
+        if reason is not None:
+            annotations["rosetta.test/terminated-reason"] = reason
         self.core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}})
 
     def evict(self, namespace: str, name: str) -> None:

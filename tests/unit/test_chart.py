@@ -83,7 +83,8 @@ NAMESPACED = {
     ("batch", "jobs", v) for v in ("get", "list", "watch", "create", "patch")
 } | {
     ("", "configmaps", "get"), ("", "configmaps", "create"), ("", "configmaps", "patch"),
-    ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"), ("", "events", "create"),
+    ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"), ("", "pods", "patch"),
+    ("", "events", "create"),
 } | {
     ("kueue.x-k8s.io", "workloads", v) for v in ("get", "list", "watch", "patch")
 }
@@ -484,7 +485,7 @@ def test_alerts():
     rules = alerts(render(MONITORS_ON, api_versions=MONITORING_APIS))
     assert set(rules) == {"RosettaTrainingNoProgress", "RosettaTrainingLossNaN", "RosettaTrainingRestarting",
                           "RosettaTrainingRestartsBurning", "RosettaTrainingFailed", "RosettaTrainingStalled",
-                          "RosettaOperatorDown"}
+                          "RosettaAttemptsFailing", "RosettaNodeExcluded", "RosettaOperatorDown"}
     assert "max_over_time(rosetta_operator_training_stalled[15m])" in rules["RosettaTrainingStalled"]["expr"]
     assert "rosetta_step[15m]" in rules["RosettaTrainingNoProgress"]["expr"]
     assert "rosetta_world_size" in rules["RosettaTrainingNoProgress"]["expr"]

@@ -11,6 +11,14 @@ from openapi_check import assert_valid_jobset, jobset_schema, schema_errors
 
 from rosetta_contract.config import TrainerSpec
 from rosetta_contract.documents import parse_document
+from rosetta_contract.exits import (
+    COLLECTIVE_TIMEOUT_EXIT,
+    CONFIG_EXIT,
+    DATA_INVALID_EXIT,
+    NON_FINITE_EXIT,
+    OOM_KILLED_EXIT,
+)
+from rosetta_contract.failures import CUDA_OUT_OF_MEMORY_EXIT
 from rosetta_contract.profiles import EFA_RESOURCE, PROFILES
 from rosetta_contract.spec import CLUSTER_FIELDS, ConfigError, parse_spec
 from rosetta_operator.render import (
@@ -99,7 +107,8 @@ def test_training_yaml_parses_back_into_the_same_trainer_spec(trainer_patch):
     spec = yaml.safe_load(text)["spec"]
     assert CLUSTER_FIELDS <= set(spec) | {"procsPerNode", "imagePullPolicy", "ttlSecondsAfterFinished",
                                         "serviceAccountName", "terminationGracePeriodSeconds"}
-    assert (spec["nodes"], spec["suspend"], spec["failurePolicy"]) == (2, True, {"maxRestarts": 3})
+    assert (spec["nodes"], spec["suspend"], spec["failurePolicy"]["maxRestarts"]) == (2, True, 3)
+    assert spec["failurePolicy"]["actions"]["oomKilled"] == "Fail"
 
 
 # ---------------------------------------------------------------------- JobSet
@@ -136,13 +145,14 @@ def test_torchrun_environment():
     assert env["ROSETTA_MASTER_ADDR"] == "wmt-node-0-0.wmt"
     assert env["ROSETTA_MASTER_PORT"] == "29600"
     assert env["ROSETTA_TRAINING"] == "wmt"
-    command = container(rendered)["command"]
-    assert command[0] == "torchrun"
+    # The launcher runs torchrun: it keeps the node's log and exits with the trainer's failure class.
+    launcher, torchrun = container(rendered)["command"][:4], container(rendered)["command"][4:]
+    assert launcher == ["python", "-m", "rosetta_trainer.launch", "torchrun"]
     assert {"--nnodes=$(ROSETTA_NNODES)", "--nproc-per-node=$(ROSETTA_NPROC_PER_NODE)",
             "--node-rank=$(ROSETTA_NODE_RANK)", "--master-addr=$(ROSETTA_MASTER_ADDR)",
-            "--master-port=$(ROSETTA_MASTER_PORT)"} <= set(command)
-    assert command[command.index("-m") + 1:] == ["rosetta_trainer", "train", "-f", "$(ROSETTA_CONFIG)",
-                                                 "--output", "$(ROSETTA_OUTPUT)"]
+            "--master-port=$(ROSETTA_MASTER_PORT)"} <= set(torchrun)
+    assert torchrun[torchrun.index("-m") + 1:] == ["rosetta_trainer", "train", "-f", "$(ROSETTA_CONFIG)",
+                                                   "--output", "$(ROSETTA_OUTPUT)"]
 
 
 @pytest.mark.parametrize("fields", [{}, {"gpusPerNode": 4, "launcher": "deepspeed"}])
@@ -159,7 +169,7 @@ def test_deepspeed_launcher_is_torchrun_on_every_node():
     as PID 1; DeepSpeed starts from torchrun's environment instead."""
     command = container(build(nodes=2, gpusPerNode=4, launcher="deepspeed", volumes=SHARED))["command"]
     assert command == container(build(nodes=2, gpusPerNode=4, volumes=SHARED))["command"]
-    assert command[0] == "torchrun" and "--nnodes=$(ROSETTA_NNODES)" in command
+    assert command[3] == "torchrun" and "--nnodes=$(ROSETTA_NNODES)" in command
     assert "--node-rank=$(ROSETTA_NODE_RANK)" in command
 
 
@@ -429,11 +439,41 @@ def test_preemption_restarts_the_gang_without_counting():
     job_spec = job["template"]["spec"]
     assert job_spec["backoffLimit"] == 0 and pod_spec(rendered)["restartPolicy"] == "Never"
     # a pod the cluster took away fails its Job with reason PodFailurePolicy ...
-    assert job_spec["podFailurePolicy"] == {"rules": [
-        {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]}
+    assert job_spec["podFailurePolicy"]["rules"][0] == \
+        {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
     # ... which the JobSet restarts for free; any other reason falls through to RestartJobSet
-    assert rendered.jobset["spec"]["failurePolicy"] == {"maxRestarts": 5, "rules": [
-        {"name": "preemption", "action": PREEMPTION_ACTION, "onJobFailureReasons": ["PodFailurePolicy"]}]}
+    rules = rendered.jobset["spec"]["failurePolicy"]["rules"]
+    assert rendered.jobset["spec"]["failurePolicy"]["maxRestarts"] == 5
+    assert rules[-1] == {"name": "preemption", "action": PREEMPTION_ACTION, "onJobFailureReasons": ["PodFailurePolicy"]}
+
+
+def test_the_classes_a_spec_fails_at_once_fail_the_jobset_and_the_rest_restart():
+    rendered = build(failurePolicy={"actions": {"cudaOutOfMemory": "Restart", "collectiveTimeout": "Fail"}})
+    (job,) = rendered.jobset["spec"]["replicatedJobs"]
+    codes = {DATA_INVALID_EXIT, CONFIG_EXIT, NON_FINITE_EXIT, COLLECTIVE_TIMEOUT_EXIT, OOM_KILLED_EXIT}
+    assert job["template"]["spec"]["podFailurePolicy"]["rules"][1] == {
+        "action": "FailJob", "onExitCodes": {"containerName": "trainer", "operator": "In", "values": sorted(codes)}}
+    fail_fast, preemption = rendered.jobset["spec"]["failurePolicy"]["rules"]
+    assert fail_fast["action"] == "FailJobSet" and fail_fast["onJobFailureReasons"] == ["PodFailurePolicy"]
+    assert preemption["name"] == "preemption"
+    (pattern,) = fail_fast["onJobFailureMessagePatterns"]
+    # The Job controller's words for an exit-code rule (pkg/controller/job/pod_failure_policy.go) ...
+    said = "Container trainer for pod team/mt-node-0-1-x7k2p failed with exit code {} matching FailJob rule at index 1"
+    assert all(re.search(pattern, said.format(code)) for code in codes)
+    assert not re.search(pattern, said.format(CUDA_OUT_OF_MEMORY_EXIT))  # Restart, as the spec says
+    assert not re.search(pattern, said.format(1)) and not re.search(pattern, said.format(165))
+    # ... and never those of a preemption, nor of the stage job's own refusal.
+    assert not re.search(pattern, "Pod team/mt-node-0-1 has condition DisruptionTarget matching FailJob rule at index 0")
+    assert not re.search(pattern, said.replace("trainer", "stage").format(DATA_INVALID_EXIT))
+
+
+def test_a_spec_that_restarts_on_everything_renders_no_fail_fast_rule():
+    actions = {k: "Restart" for k in ("dataInvalid", "configError", "nonFinite", "cudaOutOfMemory", "oomKilled",
+                                      "imagePullFailed", "collectiveTimeout")}
+    rendered = build(failurePolicy={"actions": actions})
+    (job,) = rendered.jobset["spec"]["replicatedJobs"]
+    assert len(job["template"]["spec"]["podFailurePolicy"]["rules"]) == 1
+    assert [r["name"] for r in rendered.jobset["spec"]["failurePolicy"]["rules"]] == ["preemption"]
 
 
 def test_failure_rule_names_pass_the_jobset_webhook():

@@ -95,7 +95,7 @@ def test_one_credentials_secret_for_both_sources():
 def test_without_a_source_the_jobset_is_the_gang_alone():
     assert list(jobs(parse_spec(SPEC))) == ["node"]
     rules = render(NAME, NS, parse_spec(SPEC)).jobset["spec"]["failurePolicy"]["rules"]
-    assert [r["name"] for r in rules] == ["preemption"] and "targetReplicatedJobs" not in rules[0]
+    assert [r["name"] for r in rules] == ["fail_fast", "preemption"] and "targetReplicatedJobs" not in rules[1]
 
 
 def test_the_gang_depends_on_a_stage_job_that_runs_rosetta_stage():
@@ -165,7 +165,7 @@ def test_preparing_before_training_alone_makes_a_stage_job_that_tokenizes_into_t
     # Nothing is staged, so the gang may still reach the hub.
     assert "HF_HUB_OFFLINE" not in gang_env
     rules = {r["name"] for r in rendered.jobset["spec"]["failurePolicy"]["rules"]}
-    assert rules == {"stage_refused", "preemption"}  # a data error in the stage pod fails at once
+    assert rules == {"fail_fast", "stage_refused", "preemption"}  # a data error in the stage pod fails at once
     assert not schema_errors(jobset_schema(), rendered.jobset, skip=("metadata",))
 
 

@@ -282,3 +282,22 @@ def test_without_any_kubeconfig_the_error_says_where_it_looked(tmp_path, monkeyp
     with pytest.raises(VerbError, match="--kubeconfig") as exc:
         connect()
     assert exc.value.exit_code == 1
+
+
+def test_status_says_why_each_attempt_ended_and_which_nodes_are_kept_out():
+    status = {**RUNNING["status"],
+              "attempts": [{"attempt": 0, "startTime": "2025-05-01T11:00:00Z", "endTime": "2025-05-01T11:30:00Z",
+                            "reason": "NodeUnhealthy", "pod": "mt-node-0-1-x", "node": "gpu-7", "exitCode": 81,
+                            "lastStep": 300, "message": "pod mt-node-0-1-x on node gpu-7: GPU 0\nfailed"},
+                           {"attempt": 1, "startTime": "2025-05-01T11:31:00Z"}],
+              "excludedNodes": [{"node": "gpu-7", "reason": "NodeUnhealthy", "attempt": 0,
+                                 "time": "2025-05-01T11:30:00Z", "message": "GPU 0 failed"}]}
+    out = describe.describe({**RUNNING, "status": status}, NOW).splitlines()
+    attempts = out.index("Attempts:")
+    assert out[attempts + 1].split() == ["ATTEMPT", "REASON", "ENDED", "STEP", "POD", "NODE", "EXIT", "MESSAGE"]
+    assert out[attempts + 2].split()[:8] == ["0", "NodeUnhealthy", "30m", "ago", "300", "mt-node-0-1-x", "gpu-7", "81"]
+    assert out[attempts + 2].endswith("GPU 0 failed")  # one line, whatever the message held
+    assert out[attempts + 3].split()[:3] == ["1", "running", "-"]
+    excluded = out.index("Excluded nodes:")
+    assert out[excluded + 2].split()[:4] == ["gpu-7", "NodeUnhealthy", "0", "30m"]
+    assert "Attempts:" not in describe.describe(RUNNING, NOW)

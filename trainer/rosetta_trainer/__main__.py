@@ -65,6 +65,11 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
     log = logging.getLogger("rosetta_trainer")
     if world.device.type == "cpu" and keep_freed_memory():
         log.info("CPU allocator: freed memory stays in the process (ROSETTA_CPU_ALLOCATOR=keep)")
+    preflight = None
+    if spec.fault_tolerance.preflight.enabled:  # before any work: a bad node costs seconds, not a model load
+        from rosetta_trainer.preflight import run_preflight
+
+        preflight = run_preflight(spec.fault_tolerance.preflight, world)
     output.mkdir(parents=True, exist_ok=True)
     ckpt_root = Path(spec.checkpoint.dir) if spec.checkpoint.dir else Path("checkpoints")
     ckpt_root = ckpt_root if ckpt_root.is_absolute() else output / ckpt_root
@@ -152,6 +157,8 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
         summary["restart_attempt"] = restart_attempt
         summary["output"] = str(output)
         summary["data"] = data.report
+        if preflight is not None:
+            summary["preflight"] = preflight.as_dict()
         if spec.checkpoint.average is not None and summary.get("completed") and not summary.get("stopped_early"):
             from rosetta_trainer.averaging import average_at_end
 

@@ -189,10 +189,12 @@ app.kubernetes.io/component: operator
   resources: [configmaps]
   verbs: [get, create, patch]
 # Training pods: the progress daemon lists a JobSet's pods for rank 0's IP; the pods labelled
-# rosetta.dev/training are watched for the scheduler's verdict (condition Scheduled).
+# rosetta.dev/training are watched for the scheduler's verdict (condition Scheduled) and why they
+# failed (status.attempts). patch: with the pre-flight check on, the operator lifts the gate of a
+# gang pod, adding node anti-affinity for the nodes that failed it (status.excludedNodes).
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch]
+  verbs: [get, list, watch, patch]
 # Kueue's Workloads: why a queued JobSet waits (phase Queued, condition Admitted), and spec.active,
 # through which a user's suspend holds a queued training.
 - apiGroups: [kueue.x-k8s.io]
