@@ -66,6 +66,9 @@ OPERATOR_METRICS: tuple[str, ...] = (
     "rosetta_operator_training_restarts",         # namespace, training: status.restarts
     "rosetta_operator_training_max_restarts",     # namespace, training: spec.failurePolicy.maxRestarts
     "rosetta_operator_training_stalled",          # namespace, training: 1 while the Stalled condition is True
+    "rosetta_operator_training_excluded_nodes",   # namespace, training: len(status.excludedNodes)
+    "rosetta_operator_attempts_ended_total",      # reason: a FailureClass or Succeeded
+    "rosetta_operator_nodes_excluded_total",      # node: excluded after a failed pre-flight check
 )
 
 # Metric families whose samples carry a suffix after the name above.

@@ -20,7 +20,12 @@ from kubernetes.client.exceptions import ApiException
 
 from rosetta_contract.resource import GROUP, KIND, PLURAL, VERSION
 from rosetta_operator import status as st
-from rosetta_operator.operator_metrics import JOBSETS_CREATED, STATUS_PATCHES, observe_time_to_running
+from rosetta_operator.operator_metrics import (
+    JOBSETS_CREATED,
+    STATUS_PATCHES,
+    observe_time_to_running,
+    record_status_change,
+)
 from rosetta_operator.render import TRAINING_LABEL
 
 JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
@@ -64,6 +69,7 @@ def write_status(api: kubernetes.client.ApiClient, namespace: str, name: str, ui
             STATUS_PATCHES.inc()
             if patch.get("startTime") and not current.get("startTime"):
                 observe_time_to_running(meta.get("creationTimestamp"), patch["startTime"])
+            record_status_change(current, {**current, **patch})
             return
         except ApiException as exc:
             if exc.status == 404:

@@ -1,5 +1,6 @@
 """The operator's own Prometheus metrics: handler calls (outcome, errors, seconds), trainings per
-phase, each training's phase, gang restarts and stall, time to Running, status patches and progress scrapes.
+phase, each training's phase, gang restarts, stall and excluded nodes, time to Running, status
+patches, progress scrapes, attempts ended by reason and nodes excluded by node.
 
 The names are listed in rosetta_contract.metric_names.OPERATOR_METRICS, which the chart's dashboards
 and alerts are checked against; docs/observability.md describes them.
@@ -18,8 +19,10 @@ from typing import Any, Callable, Mapping, Optional
 import kopf
 import prometheus_client
 
+from rosetta_contract.failures import FailureClass
 from rosetta_contract.pod_fields import FailurePolicySpec
 from rosetta_contract.resource import PHASES
+from rosetta_operator.attempts import SUCCEEDED
 from rosetta_operator.status import is_stalled
 
 RECONCILES = prometheus_client.Counter(
@@ -60,10 +63,33 @@ TRAINING_PHASE = prometheus_client.Gauge(
 PROGRESS_SCRAPES = prometheus_client.Counter(
     "rosetta_operator_progress_scrapes", "Scrapes of rank 0's metrics by outcome "
     "(updated, unchanged, no_pod, unreachable, too_large, no_step)", ["outcome"])
+# Per training, for the dashboard: how many nodes its next attempts avoid (node_health.py).
+TRAINING_EXCLUDED_NODES = prometheus_client.Gauge(
+    "rosetta_operator_training_excluded_nodes", "Nodes the training keeps out of its next attempts after a "
+    "failed pre-flight check (status.excludedNodes)", ["namespace", "training"])
+# Fleet-wide, by reason only: the reasons are a closed set, so the series are as many whatever the
+# number of trainings; which training it was, status.attempts says. An attempt is counted under each
+# reason it is given: a vaguer one first (Error, from the JobSet's restart count) and a more specific
+# one once the pod that caused it reports (OOMKilled) both count, so no specific reason is missed;
+# the sum over reasons exceeds the attempts by those corrections.
+ATTEMPTS_ENDED = prometheus_client.Counter(
+    "rosetta_operator_attempts_ended", "Attempts of a training's gang that ended, by status.attempts[].reason "
+    "(a failure class or Succeeded); an attempt whose reason is made more specific later counts under both",
+    ["reason"])
+# By node only, for an alert the platform team acts on (drain, repair): one series per node that
+# failed a pre-flight check since the operator started, bounded by the cluster's nodes.
+NODES_EXCLUDED = prometheus_client.Counter(
+    "rosetta_operator_nodes_excluded", "Nodes kept out of a training's next attempts after a failed pre-flight "
+    "check (status.excludedNodes), by node: once per training that excludes it", ["node"])
+REASONS: tuple[str, ...] = (*(v for k, v in vars(FailureClass).items() if k.isupper()), SUCCEEDED)
 for _phase in (*PHASES, "Unknown"):
     TRAININGS.labels(_phase)  # every phase is exported, 0 when no training is in it
 for _outcome in ("updated", "unchanged", "no_pod", "unreachable", "too_large", "no_step"):
     PROGRESS_SCRAPES.labels(_outcome)
+for _reason in REASONS:
+    ATTEMPTS_ENDED.labels(_reason)  # at 0 from the start: increase() misses a series' first sample
+# A training's own series, removed with it.
+_TRAINING_GAUGES = (TRAINING_RESTARTS, TRAINING_MAX_RESTARTS, TRAINING_STALLED, TRAINING_EXCLUDED_NODES)
 
 _handler_state = threading.local()
 
@@ -123,7 +149,7 @@ def reset_phase_gauges() -> None:
         _PHASES.clear()
         _publish_phases()
         for labels in _NAMES.values():
-            for gauge in (TRAINING_RESTARTS, TRAINING_MAX_RESTARTS, TRAINING_STALLED):
+            for gauge in _TRAINING_GAUGES:
                 with contextlib.suppress(KeyError):
                     gauge.remove(*labels)
         _NAMES.clear()
@@ -164,12 +190,13 @@ def _publish_training_phase(event: Mapping[str, Any], body: Mapping[str, Any], u
 
 
 def _publish_restarts(event: Mapping[str, Any], body: Mapping[str, Any], uid: str) -> None:
-    """rosetta_operator_training_(max_)restarts and _stalled of one training; its series go with it."""
+    """rosetta_operator_training_(max_)restarts, _stalled and _excluded_nodes of one training; its series
+    go with it."""
     meta = body.get("metadata") or {}
     if event.get("type") == "DELETED" or not meta.get("name"):
         labels = _NAMES.pop(uid, None)
         if labels:
-            for gauge in (TRAINING_RESTARTS, TRAINING_MAX_RESTARTS, TRAINING_STALLED):
+            for gauge in _TRAINING_GAUGES:
                 with contextlib.suppress(KeyError):
                     gauge.remove(*labels)
         return
@@ -181,12 +208,32 @@ def _publish_restarts(event: Mapping[str, Any], body: Mapping[str, Any], uid: st
     TRAINING_RESTARTS.labels(*labels).set(int((body.get("status") or {}).get("restarts") or 0))
     TRAINING_MAX_RESTARTS.labels(*labels).set(int(max_restarts))
     TRAINING_STALLED.labels(*labels).set(1 if is_stalled(body.get("status") or {}) else 0)
+    TRAINING_EXCLUDED_NODES.labels(*labels).set(len((body.get("status") or {}).get("excludedNodes") or []))
 
 
 def _publish_phases() -> None:
     counts = Counter(_PHASES.values())
     for phase in {*PHASES, "Unknown", *counts}:
         TRAININGS.labels(phase).set(counts.get(phase, 0))
+
+
+def record_status_change(before: Mapping[str, Any], after: Mapping[str, Any]) -> None:
+    """Count what a status write told for the first time: each reason an attempt was given
+    (rosetta_operator_attempts_ended_total) and each node newly excluded
+    (rosetta_operator_nodes_excluded_total). Over the status before and after one write the API
+    accepted (api_calls.write_status), so a retried write counts once, and an operator restart,
+    which finds the status already written, recounts nothing."""
+    given = {(a.get("attempt"), a.get("reason")) for a in before.get("attempts") or []}
+    for entry in after.get("attempts") or []:
+        reason = entry.get("reason")
+        if reason and (entry.get("attempt"), reason) not in given:
+            ATTEMPTS_ENDED.labels(reason).inc()
+    excluded = {e.get("node") for e in before.get("excludedNodes") or []}
+    for entry in after.get("excludedNodes") or []:
+        node = entry.get("node")
+        if node and node not in excluded:
+            NODES_EXCLUDED.labels(node).inc()
+            excluded.add(node)
 
 
 def observe_time_to_running(created: Optional[str], started: str) -> None:
