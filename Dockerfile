@@ -31,6 +31,8 @@ RUN python3 -m venv --upgrade-deps /opt/build \
     && /opt/build/bin/pip install "build>=1.2"
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY contract ./contract
+COPY cli ./cli
 COPY trainer ./trainer
 COPY operator ./operator
 RUN /opt/build/bin/python -m build --wheel --outdir /dist .

@@ -49,7 +49,7 @@ typecheck: install
 # against (from the Kubernetes client's models). Run it after changing the spec or the chart;
 # `make verify` fails when a commit left one of them stale.
 GENERATED := manifests/crd.yaml charts/rosetta/files/crd.yaml charts/rosetta/values.schema.json manifests/operator.yaml \
-	operator/rosetta_contract/core_types.json charts/rosetta/README.md
+	contract/rosetta_contract/core_types.json charts/rosetta/README.md
 
 generate: install
 	$(VENV)/bin/rosetta crd > manifests/crd.yaml
@@ -57,7 +57,7 @@ generate: install
 	$(PY) charts/values_schema.py > charts/rosetta/values.schema.json
 	$(PY) charts/chart_readme.py > charts/rosetta/README.md
 	$(PY) tests/support/chart.py > manifests/operator.yaml
-	$(PY) -m rosetta_operator.core_types_table > operator/rosetta_contract/core_types.json
+	$(PY) -m rosetta_operator.core_types_table > contract/rosetta_contract/core_types.json
 
 verify: generate
 	@git diff --exit-code --stat -- $(GENERATED) || { echo "generated files were stale: commit what make generate wrote"; exit 1; }

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "operator"), str(REPO / "trainer")]
+sys.path[:0] = [str(REPO / "contract"), str(REPO / "operator"), str(REPO / "trainer")]
 
 
 def parse_args(argv=None) -> argparse.Namespace:

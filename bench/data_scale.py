@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "trainer"), str(REPO / "operator")]
+sys.path[:0] = [str(REPO / "trainer"), str(REPO / "contract"), str(REPO / "operator")]
 MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
 MAX_LENGTH = 128
 VOCAB = 8000

@@ -31,7 +31,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "bench"
-sys.path[:0] = [str(REPO / "operator"), str(REPO / "trainer")]
+sys.path[:0] = [str(REPO / "contract"), str(REPO / "operator"), str(REPO / "trainer")]
 
 # name -> seconds allowed on a GPU; on the CPU (tiny sizes, but compilation is slow there) CPU_SCALE times.
 STEPS = {"device": 20, "step-counts": 45, "t5-base": 70, "transformer-base": 45, "vs-peer": 140,

@@ -53,7 +53,7 @@ from typing import Any, Optional
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "envtest"))
-sys.path.insert(0, str(REPO / "operator"))
+sys.path[:0] = [str(REPO / "contract"), str(REPO / "operator")]
 sys.path.insert(0, str(REPO / "trainer"))
 
 import psutil  # noqa: E402

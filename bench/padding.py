@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "operator"), str(REPO / "trainer")]
+sys.path[:0] = [str(REPO / "contract"), str(REPO / "operator"), str(REPO / "trainer")]
 
 from rosetta_trainer.batching import BatchShapes, plan_epoch  # noqa: E402
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "operator"), str(REPO / "trainer")]
+sys.path[:0] = [str(REPO / "contract"), str(REPO / "operator"), str(REPO / "trainer")]
 
 from rosetta_contract.documents import parse_document  # noqa: E402
 from rosetta_trainer.backends import build_backend  # noqa: E402

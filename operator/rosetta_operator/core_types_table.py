@@ -6,7 +6,7 @@ field names and their types) are read here, once, on the operator's side, and th
 is committed; `make generate` rewrites it and `make verify` fails when it is stale (a client upgrade
 that adds a field).
 
-    python -m rosetta_operator.core_types_table > operator/rosetta_contract/core_types.json
+    python -m rosetta_operator.core_types_table > contract/rosetta_contract/core_types.json
 """
 
 from __future__ import annotations

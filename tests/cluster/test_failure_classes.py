@@ -14,6 +14,7 @@ from __future__ import annotations
 from test_lifecycle import small_training, start, uids, wait_running
 from workloads import condition, jobset, provision, status
 
+from controllers import NODE_POOLS
 from rosetta_contract.failures import termination_message
 from support.cluster import wait_for
 
@@ -153,3 +154,20 @@ def test_a_node_that_fails_the_preflight_is_kept_out_of_the_next_attempts(live_c
     assert [e["node"] for e in got["excludedNodes"]] == [bad.spec.node_name]
     assert got["attempts"][1]["reason"] == "NodeUnhealthy"
     assert all(node_affinity_keeps_off(p) == {bad.spec.node_name} for p in third)
+
+
+def test_a_node_that_goes_away_is_nodelost_and_restarts_for_free(live_cluster, live_namespace, live_operator):
+    """The node object is deleted (a terminated instance): the pod garbage collector fails its pods
+    with DisruptionTarget (DeletionByPodGC) after its quarantine, and the restart does not count."""
+    ns = live_namespace
+    (node,) = live_cluster.kwok.add_nodes(NODE_POOLS["cpu"])
+    pods = start_with(live_cluster, ns, "lost", 1, scheduling={"nodeSelector": {"kubernetes.io/hostname": node}})
+    assert {p.spec.node_name for p in pods} == {node}
+    live_cluster.core.delete_node(node)
+    got = wait_for(lambda: (s := status(live_cluster, ns, "lost")).get("attempts")
+                   and s["attempts"][0].get("reason") and s, "attempt 0 ended", 180)
+    first = got["attempts"][0]
+    assert first["reason"] == "NodeLost" and first["node"] == node and "DeletionByPodGC" in first["message"], first
+    got = wait_for(lambda: (s := status(live_cluster, ns, "lost")).get("preemptions") == 1 and s,
+                   "a free restart", WAIT)
+    assert got.get("restarts", 0) == 0 and got["phase"] != "Failed"

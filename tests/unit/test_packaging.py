@@ -316,7 +316,8 @@ def test_the_distribution_has_a_name_of_its_own_and_the_docs_install_it():
     """`rosetta` on PyPI is an unrelated package: every install line names ours."""
     assert PYPROJECT["project"]["name"] == "rosetta-mt"
     sources = [REPO / "README.md", *(REPO / "docs").glob("*.md"), *(REPO / "trainer").rglob("*.py"),
-               *(REPO / "operator").rglob("*.py"), *(REPO / "examples").rglob("*.py")]
+               *(REPO / "operator").rglob("*.py"), *(REPO / "contract").rglob("*.py"),
+               *(REPO / "cli").rglob("*.py"), *(REPO / "examples").rglob("*.py")]
     wrong = [f"{path.relative_to(REPO)}: {m.group(0)}" for path in sources
              for m in re.finditer(r"(?:pip|pipx|uv pip) install ['\"]?rosetta(?![-\w])\S*", path.read_text())]
     assert not wrong, wrong
@@ -362,3 +363,15 @@ def test_the_pre_commit_hooks_run_what_make_lint_and_typecheck_run():
     recipes = [line.strip().replace("$(VENV)", ".venv") for target in ("lint", "typecheck")
                for line in re.search(rf"^{target}:.*\n((?:\t.*\n)+)", makefile, re.M).group(1).splitlines()]
     assert [hook["entry"] for hook in hooks] == recipes
+
+
+def test_the_readme_layout_table_matches_the_folders():
+    """Every package folder pyproject.toml installs has its row in the README's Layout, and every
+    folder a row names exists: the table is how a newcomer finds the layers."""
+    layout = (REPO / "README.md").read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([^`]+/)`", layout, flags=re.M)
+    package_dirs = {f"{path}/" for path in PYPROJECT["tool"]["setuptools"]["package-dir"].values()}
+    assert package_dirs <= set(rows), sorted(package_dirs - set(rows))
+    assert all((REPO / row).is_dir() for row in rows), [row for row in rows if not (REPO / row).is_dir()]
+    # The contract and the command line sit beside the two sides, not inside either.
+    assert {path.split("/")[0] for path in package_dirs} == {"contract", "cli", "operator", "trainer"}
