@@ -1,5 +1,5 @@
 """Why an attempt of a gang ended, read from its pods, and `status.attempts`, the record of every
-attempt that outlives the pods. Pure: handlers.py and observation.py bring the pods and the clock.
+attempt that outlives the pods. Pure: the handlers and observation.py bring the pods and the clock.
 
 The JobSet says only that a job failed; the pods say why, and the most specific pod wins: a rank
 that runs out of memory makes the others' collectives time out, a preempted pod's peers are

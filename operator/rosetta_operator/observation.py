@@ -1,5 +1,5 @@
 """The status a training should have for what its JobSet, its pods and Kueue say now: what every
-handler that mirrors the JobSet (handlers.py) computes before api_calls.write_status writes it.
+handler that mirrors the JobSet (rosetta_operator.handlers) computes before api_calls.write_status writes it.
 
 An attempt that ended with a class the spec fails at once (failurePolicy.actions: a data error,
 OOMKilled, an image that cannot be pulled, ...; attempts.py reads which from the pods) stops the

@@ -163,7 +163,7 @@ def can(cluster: Cluster, sa_namespace: str, sa: str, verb: str, group: str, res
     return bool(result.status.allowed)
 
 
-# What handlers.py and kopf do in a watched namespace: (verb, group, resource).
+# What the handlers and kopf do in a watched namespace: (verb, group, resource).
 HANDLERS_NEED = [
     *[(v, "rosetta.dev", "translationtrainings") for v in ("get", "list", "watch", "patch")],
     ("patch", "rosetta.dev", "translationtrainings/status"),

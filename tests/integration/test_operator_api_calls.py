@@ -36,7 +36,7 @@ EXAMPLE = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
 
 # create → JobSet → first status: GET JobSet (absent), POST ConfigMap, POST JobSet, PATCH status
 # (on kopf's body of the training). The JobSet's ADDED event costs nothing: it is the object
-# reconcile just wrote the status from (handlers.OwnCreations). The code before this budget made
+# reconcile just wrote the status from (event_memory.OwnCreations). The code before this budget made
 # 13 or 14 requests, and 5 before the ADDED event was skipped.
 CREATE_BUDGET = 4
 # → Running: the JobSet event's GET training + PATCH status, and the progress daemon's first round
@@ -115,14 +115,14 @@ def describe(calls: Counter, conflicts: int) -> str:
 
 
 def slow_jobset_posts(monkeypatch: pytest.MonkeyPatch) -> None:
-    create = handlers.create_jobset
+    create = handlers.lifecycle.create_jobset
 
     def create_jobset(*args, **kwargs):
         created = create(*args, **kwargs)
         time.sleep(SLOW_POST)
         return created
 
-    monkeypatch.setattr(handlers, "create_jobset", create_jobset)
+    monkeypatch.setattr(handlers.lifecycle, "create_jobset", create_jobset)
 
 
 def test_one_training_costs_few_api_calls(cluster, namespace, operator, monkeypatch):

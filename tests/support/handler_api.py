@@ -1,5 +1,5 @@
 """An in-memory API for the handlers' unit tests: just the CustomObjectsApi and CoreV1Api calls
-handlers.py makes, over a dict of objects, and a training and a reconcile call over it.
+the handlers make, over a dict of objects, and a training and a reconcile call over it.
 
     from support.handler_api import api, warnings  # noqa: F401 - fixtures
 """
@@ -35,7 +35,7 @@ def _merge(target: dict, patch: dict) -> None:
 
 
 class FakeAPI:
-    """Just the CustomObjectsApi and CoreV1Api calls handlers.py makes, over a dict of objects;
+    """Just the CustomObjectsApi and CoreV1Api calls the handlers make, over a dict of objects;
     `calls` records each one, so a test can say that nothing was asked."""
 
     def __init__(self, kueue: bool = True):

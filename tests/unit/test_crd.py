@@ -79,7 +79,7 @@ def test_status_declares_every_field_the_operator_writes():
         "Running", "running", (st.Cond("Running", "True", "AllJobsReady", "ok"),),
         restarts=1, preemptions=2, start_time="2024-01-01T00:00:00Z", completion_time="2024-01-02T00:00:00Z")
     merged = st.merge_status({}, observation, now="2024-01-01T00:00:00Z", generation=2)
-    # what handlers.py adds to every status (jobSet identity and the spec's shape)
+    # what the handlers add to every status (jobSet identity and the spec's shape)
     handler_fields = {"observedGeneration", "jobSetName", "configMapName", "nodes", "gpusPerNode", "worldSize"}
     for key in set(merged) | handler_fields | {"progress", "kopf"}:
         assert key in props, f"status.{key} is not declared; the apiserver would prune it"

@@ -3,7 +3,7 @@
 import threading
 import time
 
-from rosetta_operator.handlers import OwnCreations
+from rosetta_operator.event_memory import OwnCreations
 
 
 def jobset(uid: str, version: str) -> dict:

@@ -158,7 +158,7 @@ app.kubernetes.io/component: operator
 {{- end }}
 {{- end }}
 
-{{/* What the operator does inside a watched namespace (handlers.py, plus kopf itself). */}}
+{{/* What the operator does inside a watched namespace (rosetta_operator/handlers/, plus kopf itself). */}}
 {{- define "rosetta.namespacedRules" -}}
 # TranslationTrainings: watched; kopf keeps its progress and diff base in annotations (patch).
 - apiGroups: [rosetta.dev]

@@ -1,0 +1,133 @@
+"""The training pods' events: the scheduler's verdict (condition Scheduled), why a pod failed
+(status.attempts, failurePolicy.actions, excluded nodes) and the pre-flight's scheduling gate."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import copy
+import logging
+from typing import Any, Mapping, cast
+
+import kopf
+import kubernetes
+
+from rosetta_operator import node_health
+from rosetta_operator import progress as pr
+from rosetta_operator import status as st
+from rosetta_operator.api_calls import (
+    first_attempt_only,
+    jobset_and_training,
+    now,
+    write_status,
+)
+from rosetta_operator.attempts import Failure, pod_failure
+from rosetta_operator.observation import observe, record_pod_failure
+from rosetta_operator.operator_metrics import (
+    instrumented,
+    record_outcome,
+)
+from rosetta_operator.render import TRAINING_LABEL
+
+
+@kopf.on.event("v1", "pods", labels={TRAINING_LABEL: kopf.PRESENT}, id="pod_scheduling")  # type: ignore[arg-type]
+async def on_pod_event(event: Mapping[str, Any], body: kopf.Body, namespace: str, uid: str, memo: kopf.Memo,
+                       **_: Any) -> None:
+    """Async on purpose: nearly every pod event is no news about scheduling (UnschedulablePods says
+    which are), and those should not queue for a worker thread behind the reconciles."""
+    waiting = memo.unschedulable_pods
+    jobset_name = (body.metadata.get("labels") or {}).get(pr.JOBSET_NAME_LABEL)
+    if jobset_name and event.get("type") != "DELETED" and node_health.gated(body):
+        await asyncio.get_running_loop().run_in_executor(
+            None, contextvars.copy_context().run, lift_gate, memo.api_client, namespace, copy.deepcopy(dict(body)))
+    failure = memo.failed_pods.news(uid, pod_failure(body)) if jobset_name else None
+    if failure is not None:
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                None, contextvars.copy_context().run, pod_failed, memo.api_client, namespace, jobset_name, failure)
+        except Exception:
+            memo.failed_pods.forget(uid)  # the pod's next event tries again
+            raise
+    if event.get("type") == "DELETED" or not jobset_name:
+        waiting.forget(uid)
+        memo.failed_pods.forget(uid)
+        return
+    scheduled = waiting.update(uid, (namespace, jobset_name), st.pod_scheduling(body))
+    if scheduled is None:
+        return
+    try:
+        # The worker thread needs this context: kopf.warn finds kopf's event poster in it.
+        await asyncio.get_running_loop().run_in_executor(
+            None, contextvars.copy_context().run, scheduling_changed, memo.api_client, namespace, jobset_name,
+            scheduled)
+    except Exception:
+        waiting.forget(uid)  # the pod's next event tries again
+        raise
+
+
+@instrumented("pod_scheduling")
+def scheduling_changed(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str,
+                       scheduled: st.Cond) -> None:
+    """Fold a gang's Scheduled condition into its training's status; one Warning event when it
+    turns False."""
+    jobset, owner = jobset_and_training(api, namespace, jobset_name)
+    if owner is None:
+        record_outcome("ignored")
+        return
+    known = first_attempt_only(jobset)
+    turned: list[Mapping[str, Any]] = []  # the training, when this write turned the condition False
+
+    def compute(parent: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
+        generation = parent["metadata"].get("generation")
+        conditions = st.upsert_conditions(current.get("conditions") or [], [scheduled], now=now(),
+                                          generation=generation)
+        desired = observe(api, namespace, jobset_name, parent, {**current, "conditions": conditions}, known())
+        before = st.condition(current, st.ConditionType.SCHEDULED) or {}
+        after = st.condition(desired, st.ConditionType.SCHEDULED) or {}
+        turned[:] = [parent] if after.get("status") == st.FALSE != before.get("status") else []
+        return desired
+
+    write_status(api, namespace, owner["name"], owner["uid"], compute)
+    if turned:
+        kopf.warn(cast(kopf.Body, turned[0]), reason=st.Reason.UNSCHEDULABLE, message=scheduled.message)
+
+
+@instrumented("pod_failed")
+def pod_failed(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str, failure: Failure) -> None:
+    """Fold why a pod stopped into its training's status.attempts (observation.record_pod_failure);
+    one Warning event, with the class as its reason, when that changed what the attempt ended with."""
+    jobset, owner = jobset_and_training(api, namespace, jobset_name)
+    if owner is None:
+        record_outcome("ignored")
+        return
+    known = first_attempt_only(jobset)
+    told: list[Mapping[str, Any]] = []  # the training, when this write gave the attempt a new reason
+    excluded: list[bool] = []  # True when this write kept the pod's node out of the next attempts
+
+    def compute(parent: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
+        desired = record_pod_failure(api, parent, current, known() or jobset, jobset_name, failure)
+        before = {a.get("attempt"): a.get("reason") for a in current.get("attempts") or []}
+        after = {a.get("attempt"): a.get("reason") for a in desired.get("attempts") or []}
+        told[:] = [parent] if any(before.get(k) != v for k, v in after.items()) \
+            and not st.stopped_for_good(desired) else []
+        excluded[:] = [desired.get("excludedNodes") != current.get("excludedNodes")]
+        return desired
+
+    write_status(api, namespace, owner["name"], owner["uid"], compute)
+    if told:
+        kopf.warn(cast(kopf.Body, told[0]), reason=failure.failure_class, message=failure.message)
+        if excluded and excluded[0]:
+            kopf.warn(cast(kopf.Body, told[0]), reason=st.Reason.NODE_EXCLUDED,
+                      message=f"node {failure.node} is kept out of the next attempts: {failure.message}")
+
+
+@instrumented("lift_gate")
+def lift_gate(api: kubernetes.client.ApiClient, namespace: str, pod: Mapping[str, Any]) -> None:
+    """A gang pod behind the node-health gate: keep it off the excluded nodes and let it schedule."""
+    nodes = node_health.release(api, namespace, pod)
+    if nodes is None:
+        record_outcome("ignored")
+    elif nodes:
+        logging.getLogger(__name__).info("pod %s/%s kept off %s", namespace, pod["metadata"]["name"], ", ".join(nodes))
+
+
