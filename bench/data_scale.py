@@ -99,7 +99,7 @@ def job_current(work: Path, workers: int) -> dict:
 
 
 def _data_spec(work: Path):
-    from rosetta_contract.config import DataSpec
+    from rosetta_contract.data_fields import DataSpec
 
     # The corpus is Multi30k repeated: with the duplicate filter on, a start would keep 29k pairs.
     return DataSpec.model_validate({"sourceLang": "en", "targetLangs": ["de"], "checks": {"dropDuplicates": False},
@@ -335,7 +335,7 @@ def run_two_ranks(name: str, work: Path) -> list[dict]:
 
 
 def make_corpus(work: Path, pairs: int) -> int:
-    from rosetta_contract.config import TokenizerTraining
+    from rosetta_contract.model_fields import TokenizerTraining
     from rosetta_trainer.tokenization import train_tokenizer
 
     en = gzip.open(MULTI30K / "train.en.gz", "rt").read().splitlines()

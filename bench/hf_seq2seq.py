@@ -127,7 +127,8 @@ def prepare(args, work: Path) -> tuple[Path, str]:
     """Tokenizer and initial weights, built once; the YAML both systems read."""
     import torch
 
-    from rosetta_contract.config import DataSpec, ModelSpec, TokenizerTraining
+    from rosetta_contract.data_fields import DataSpec
+    from rosetta_contract.model_fields import ModelSpec, TokenizerTraining
     from rosetta_trainer.data import read_split
     from rosetta_trainer.models import build_model, count_parameters
     from rosetta_trainer.tokenization import train_tokenizer

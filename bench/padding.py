@@ -47,7 +47,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def lengths(args) -> tuple[np.ndarray, np.ndarray]:
-    from rosetta_contract.config import DataSpec, TokenizerTraining
+    from rosetta_contract.data_fields import DataSpec
+    from rosetta_contract.model_fields import TokenizerTraining
     from rosetta_trainer.data import read_split
     from rosetta_trainer.tokenization import train_tokenizer
 

@@ -85,7 +85,7 @@ def _stream(work: Path):
 
 
 def job_train(work: Path, name: str, settings: dict, module: str | None = None) -> dict:
-    from rosetta_contract.config import TokenizerTraining
+    from rosetta_contract.model_fields import TokenizerTraining
     from rosetta_trainer.tokenization import train_tokenizer
 
     if module is not None:

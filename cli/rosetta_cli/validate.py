@@ -11,7 +11,7 @@ from rosetta_contract.document_arguments import add_document_arguments
 from rosetta_operator.cli import add_host_path_argument, add_policy_argument, load_and_render
 
 if TYPE_CHECKING:
-    from rosetta_contract.config import DataSpec
+    from rosetta_contract.data_fields import DataSpec
     from rosetta_contract.spec import TranslationTrainingSpec
 
 

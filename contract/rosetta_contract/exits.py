@@ -4,7 +4,7 @@ and which error ends a `rosetta` command with which status."""
 import sys
 
 # sysexits.h EX_DATAERR: "the input data was incorrect in some way". The JobSet's pod failure policy
-# turns it into a failed training without restarts (render.py).
+# turns it into a failed training without restarts (stage_job.py, failure_policies.py).
 DATA_INVALID_EXIT = 65
 # The operator matches this prefix in a pod's termination message (status.py).
 TERMINATION_PREFIX = "DataInvalid: "

@@ -5,8 +5,8 @@ A trainer process that stops on an error it knows writes `<Class>: <one line>` t
 message file and exits with the class's code (exits.ERROR_EXITS). Under torchrun the pod would exit
 with torchrun's own 1, so the pod runs `python -m rosetta_trainer.launch torchrun ...`, which exits with
 the code the message names: a Job's podFailurePolicy can then fail the gang at once on the
-deterministic ones (render.py). What the kubelet says (OOMKilled, an image that cannot be pulled) and
-what the cluster does (a preemption, a lost node) the operator reads from the pods (status.py).
+deterministic ones (failure_policies.py). What the kubelet says (OOMKilled, an image that cannot be pulled) and
+what the cluster does (a preemption, a lost node) the operator reads from the pods (attempts.py).
 
 Torch-free, Kubernetes-free: the trainer image and the operator both import it.
 """
@@ -91,7 +91,7 @@ def parse_termination_message(message: str) -> Optional[tuple[str, str]]:
 # ------------------------------------------------------------------------------- attempt logs
 
 # The JobSet controller annotates every pod with the restart it belongs to (0 for the first
-# attempt); the pod reads it through the downward API (render.launcher_env).
+# attempt); the pod reads it through the downward API (pod_template.launcher_env).
 ATTEMPT_ENV = "ROSETTA_RESTART_ATTEMPT"
 NODE_RANK_ENV = "ROSETTA_NODE_RANK"
 # The node a pod runs on (the downward API's spec.nodeName): the pre-flight check names it.

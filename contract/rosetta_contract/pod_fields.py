@@ -21,7 +21,7 @@ from pydantic import (
 )
 
 from rosetta_contract import __version__, core_types
-from rosetta_contract.config import CheckpointSpec
+from rosetta_contract.checkpoint_fields import CheckpointSpec
 from rosetta_contract.failures import DEFAULT_ACTIONS, FailureClass
 from rosetta_contract.labels import QUALIFIED_NAME, LabelKey, LabelValue
 from rosetta_contract.profiles import PROFILES, USER_OVERRIDABLE
@@ -36,7 +36,7 @@ MOUNT_PATH = r"^/.*[^/]$"
 # An extended resource (a GPU) is always domain/name: nvidia.com/gpu, amd.com/gpu.
 EXTENDED_RESOURCE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 
-# Set by render.py (or by torchrun/deepspeed from what render.py sets); a user
+# Set by pod_template.py (or by torchrun/deepspeed from what it sets); a user
 # value would silently desynchronise the ranks, so it is an error instead.
 LAUNCHER_ENV = frozenset({
     "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK",

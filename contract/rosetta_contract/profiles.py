@@ -1,7 +1,7 @@
 """Network presets: what a pod needs for fast collectives on a given fabric.
 
 Pure data. The spec validates `network.profile` against PROFILES, rejects user
-env that a profile sets, and render.py copies env, devices and node selectors
+env that a profile sets, and pod_template.py copies env, devices and node selectors
 into the pod.
 """
 

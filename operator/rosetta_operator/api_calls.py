@@ -19,14 +19,15 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from rosetta_contract.resource import GROUP, KIND, PLURAL, VERSION
-from rosetta_operator import status as st
+from rosetta_operator.conditions import FALSE, Cond, ConditionType, Reason, truncate, upsert_conditions
+from rosetta_operator.names import TRAINING_LABEL
 from rosetta_operator.operator_metrics import (
     JOBSETS_CREATED,
     STATUS_PATCHES,
     observe_time_to_running,
     record_status_change,
 )
-from rosetta_operator.render import TRAINING_LABEL
+from rosetta_operator.status import status_patch
 
 JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_PLURAL = "kueue.x-k8s.io", "v1beta1", "workloads"
@@ -60,7 +61,7 @@ def write_status(api: kubernetes.client.ApiClient, namespace: str, name: str, ui
         if meta["uid"] != uid or meta.get("deletionTimestamp"):
             return  # a newer object with the same name, or on its way out: not ours to describe
         current = parent.get("status") or {}
-        patch = st.status_patch(current, compute(parent, current))
+        patch = status_patch(current, compute(parent, current))
         if patch is None:
             return
         body = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": patch}
@@ -182,11 +183,11 @@ def check_owned(api: kubernetes.client.ApiClient, owner: kopf.Body, child: Mappi
         return
     kind = child.get("kind") or "object"
     message = f"{kind} {child['metadata']['name']} exists and is not owned by this TranslationTraining"
-    conflict = st.Cond(st.ConditionType.CREATED, st.FALSE, st.Reason.NAME_CONFLICT, message)
+    conflict = Cond(ConditionType.CREATED, FALSE, Reason.NAME_CONFLICT, message)
     generation = owner.metadata.get("generation")
     write_status(api, owner.metadata["namespace"], owner.metadata["name"], uid, lambda parent, current: {
-        **current, "conditions": st.upsert_conditions(current.get("conditions") or [], [conflict],
-                                                      now=now(), generation=generation)})
+        **current, "conditions": upsert_conditions(current.get("conditions") or [], [conflict],
+                                                   now=now(), generation=generation)})
     raise kopf.TemporaryError(message, delay=30)
 
 
@@ -198,7 +199,7 @@ def owner_ref(child: Mapping[str, Any]) -> Optional[Mapping[str, Any]]:
 
 
 class Refusal(NamedTuple):
-    reason: str   # st.Reason.CREATE_REJECTED (for good) or st.Reason.QUOTA_EXCEEDED (for now)
+    reason: str   # Reason.CREATE_REJECTED (for good) or Reason.QUOTA_EXCEEDED (for now)
     message: str  # the API's, on one line
 
 
@@ -215,12 +216,12 @@ def create_refusal(exc: ApiException) -> Optional[Refusal]:
     """
     message = api_message(exc)
     if exc.status in (400, 413, 422):
-        return Refusal(st.Reason.CREATE_REJECTED, message)
+        return Refusal(Reason.CREATE_REJECTED, message)
     if exc.status == 403:
         if "exceeded quota" in message:
-            return Refusal(st.Reason.QUOTA_EXCEEDED, message)
+            return Refusal(Reason.QUOTA_EXCEEDED, message)
         if "denied the request" in message or "denied request" in message:
-            return Refusal(st.Reason.CREATE_REJECTED, message)
+            return Refusal(Reason.CREATE_REJECTED, message)
     return None
 
 
@@ -233,7 +234,7 @@ def api_message(exc: ApiException, limit: int = 800) -> str:
     except (ValueError, TypeError, AttributeError):
         pass
     text = " ".join((message or f"{exc.status} {exc.reason or ''}").split())
-    return st.truncate(text, limit)
+    return truncate(text, limit)
 
 
 # ------------------------------------------------------------------------------ Kueue

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, cast
 
 from rosetta_contract.failures import EXIT_CLASSES, FailureClass, parse_termination_message
-from rosetta_operator.render import COMPLETION_INDEX, RESTART_ATTEMPT, TRAINER_CONTAINER
+from rosetta_operator.names import COMPLETION_INDEX, RESTART_ATTEMPT, TRAINER_CONTAINER
 
 # The kubelet's waiting reasons for an image it cannot get (or a name no registry could serve).
 IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})

@@ -355,7 +355,7 @@ class Client:
         each node's lines, and notes. `tail`: the last lines of each node's log. From S3 with this
         machine's AWS credentials, else through a reader pod that mounts the volume (created in the
         training's namespace, deleted after); `timeout` (default 3 minutes) bounds the wait for it."""
-        from rosetta_operator import attempt_logs
+        from rosetta_operator import attempt_log_reader
 
         if attempt < 0:
             raise InvalidArgument(f"attempt {attempt}: attempts are 0, 1, …")
@@ -364,9 +364,9 @@ class Client:
         if rank is not None and all_ranks:
             raise InvalidArgument("rank and all_ranks: one or the other")
         with self._errors():
-            yield from attempt_logs.lines(self.cluster, name, attempt, rank=rank, all_ranks=all_ranks, tail=tail,
-                                          timeout=attempt_logs.READER_TIMEOUT if timeout is None else timeout,
-                                          on_header=on_header)
+            yield from attempt_log_reader.lines(
+                self.cluster, name, attempt, rank=rank, all_ranks=all_ranks, tail=tail,
+                timeout=attempt_log_reader.READER_TIMEOUT if timeout is None else timeout, on_header=on_header)
 
     # -------------------------------------------------------------------------- wait
 

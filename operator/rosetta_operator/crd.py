@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rosetta_contract.config import REQUIRED_BY_FORMAT
+from rosetta_contract.data_fields import REQUIRED_BY_FORMAT
 from rosetta_contract.pod_fields import (
     DEFAULT_OUTPUT_MOUNT,
     HOSTNAME_LABEL,

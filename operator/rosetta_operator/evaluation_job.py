@@ -1,6 +1,6 @@
 """The after-training evaluation Job (spec.afterTraining) and the pod of mode evaluate: `rosetta
 evaluate` of a checkpoint or of the pretrained model, on the test sets, once the gang has finished.
-Pure, like render.py, whose pod parts it reuses.
+Pure, like render.py; its pod parts are the gang's (pod_template.py) and the stage job's.
 """
 
 from __future__ import annotations
@@ -9,28 +9,27 @@ from typing import Any, Mapping
 
 from rosetta_contract.profiles import EFA_RESOURCE
 from rosetta_contract.spec import TranslationTrainingSpec
-from rosetta_operator.render import (
+from rosetta_operator.names import (
     BASE_LABELS,
     CONFIG_DIR,
     CONFIG_KEY,
     DISRUPTION_TARGET,
     KUEUE_QUEUE_LABEL,
-    _render_template,
-    container_security_context,
     label_value,
-    offline_env,
-    output_mount,
     owner_references,
-    pod_security_context,
     resource_names,
+)
+from rosetta_operator.pod_template import (
+    container_security_context,
+    output_mount,
+    pod_security_context,
     resources,
     scheduling,
-    stage_container,
-    stage_refused_rule,
-    staging_sources,
     user_env,
     volumes,
 )
+from rosetta_operator.stage_job import offline_env, stage_container, stage_refused_rule, staging_sources
+from rosetta_operator.templating import render_template
 
 EVALUATION_LABEL = "rosetta.dev/evaluation"  # on the evaluation Job and its pod: the training's name
 EVALUATION_CHECKPOINT = "rosetta.dev/checkpoint"  # the Job's annotation: afterTraining.checkpoint
@@ -137,7 +136,7 @@ def _render_evaluation_job(name: str, namespace: str, spec: TranslationTrainingS
         init_containers = [stage_container(spec, names, volume_mounts)]
         env += offline_env(spec)
     labels = {**BASE_LABELS, EVALUATION_LABEL: label_value(name)}
-    return _render_template(
+    return render_template(
         "evaluation-job.yaml.j2", spec=spec, job_name=evaluation_job_name(name), namespace=namespace,
         labels=labels, annotations=annotations, owner_references=owner_references(owner),
         pod_failure_policy={"rules": [*([stage_refused_rule()] if init_containers else []),

@@ -13,8 +13,9 @@ from typing import Any, Iterable, Mapping, Optional, cast
 
 from rosetta_contract.final_result import parse_evaluation
 from rosetta_contract.resource import Phase
+from rosetta_operator.conditions import FALSE, TRUE, Cond, ConditionType, Reason, truncate
 from rosetta_operator.evaluation_job import EVALUATION_CHECKPOINT
-from rosetta_operator.status import FALSE, TRUE, Cond, ConditionType, Reason, data_invalid_message, truncate
+from rosetta_operator.status import data_invalid_message
 
 
 class EvaluationPhase:

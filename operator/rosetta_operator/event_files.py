@@ -23,7 +23,7 @@ from rosetta_operator.kube import Cluster, VerbError
 from rosetta_operator.pod_logs import CONTAINER, container_state, rank_pod
 
 FOLDER = "tensorboard"
-# ROSETTA_OUTPUT is set in the trainer container by the operator (render.py): the run's own folder.
+# ROSETTA_OUTPUT is set in the trainer container by the operator (pod_template.py): the run's own folder.
 COPY_COMMAND = ["sh", "-c", f'cd "$ROSETTA_OUTPUT" && tar cf - {FOLDER}']
 
 

@@ -2,7 +2,7 @@
 
 A rank whose pre-flight check fails (spec.faultTolerance.preflight) exits with NodeUnhealthy; the
 operator records the pod's node in status.excludedNodes, up to preflight.maxExcludedNodes. With the
-pre-flight on, every gang pod is created behind the scheduling gate render.NODE_HEALTH_GATE: the
+pre-flight on, every gang pod is created behind the scheduling gate pod_template.NODE_HEALTH_GATE: the
 JobSet's pod template cannot change its affinity between restarts, but a gated pod may gain node
 affinity terms. The operator adds `metadata.name NotIn [excluded nodes]` to each of the pod's
 required node selector terms (or one term of its own) and lifts its gate, in one patch.
@@ -22,8 +22,8 @@ from kubernetes.client.exceptions import ApiException
 from rosetta_contract.failures import FailureClass
 from rosetta_operator.api_calls import get_training, jobset_and_training
 from rosetta_operator.attempts import Failure, pod_attempt
+from rosetta_operator.pod_template import NODE_HEALTH_GATE
 from rosetta_operator.progress import JOBSET_NAME_LABEL
-from rosetta_operator.render import NODE_HEALTH_GATE
 
 log = logging.getLogger(__name__)
 

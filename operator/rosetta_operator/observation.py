@@ -24,18 +24,20 @@ from rosetta_contract.failures import FAIL, FailureClass
 from rosetta_contract.pod_fields import FailureActionsSpec
 from rosetta_contract.resource import Phase
 from rosetta_operator import progress as pr
-from rosetta_operator import status as st
 from rosetta_operator.api_calls import get_jobset, get_workload, now, set_jobset_suspend
 from rosetta_operator.attempts import SUCCEEDED, Failure, attempt_failure, record_end, record_start
+from rosetta_operator.conditions import TRUE
+from rosetta_operator.jobset_status import observe_jobset, queue_of, restart_counts, shows_failure, workload_inactive
+from rosetta_operator.names import TRAINER_CONTAINER
 from rosetta_operator.node_health import exclude, max_excluded
-from rosetta_operator.render import TRAINER_CONTAINER
+from rosetta_operator.status import failure_reason, is_stalled, merge_status, observe_failure, stopped_for_good
 
 
 def observe(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str, parent: Mapping[str, Any],
             current: Mapping[str, Any], jobset: Optional[Mapping[str, Any]] = None, workload: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
     """The desired status for what the JobSet says; `jobset` is one the caller already holds
     (None: read it here), `workload` Kueue's for it (None: listed here when the JobSet waits for it)."""
-    if st.stopped_for_good(current):
+    if stopped_for_good(current):
         return dict(current)  # failed for good, its JobSet stopped: nothing it does changes that
     if jobset is None:
         jobset = get_jobset(api, namespace, jobset_name)
@@ -43,14 +45,14 @@ def observe(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str, 
         return dict(current)  # never created (invalid spec): nothing to mirror
     stamp = now()
     failure: Optional[Failure] = None
-    if jobset is not None and st.shows_failure(jobset, current.get("restarts")):
+    if jobset is not None and shows_failure(jobset, current.get("restarts")):
         pods = jobset_pods(api, namespace, jobset_name, "to say why the attempt ended")
         # Without the pods the JobSet's own failure handling still applies: mirror that.
         failure = None if pods is None else attempt_failure(pods, ended_attempt(jobset, current))
         stopped = stop_for_good(api, namespace, jobset_name, parent, current, jobset, failure, stamp)
         if stopped is not None:
             return stopped
-    if jobset is not None and st.queue_of(jobset):
+    if jobset is not None and queue_of(jobset):
         # Under a queue the user's hold is Kueue's (hold_in_queue): spec.suspend alone cannot tell
         # a held training from one created with suspend: true that waits for its turn, and a
         # JobSet that runs is one Kueue admitted.
@@ -58,17 +60,17 @@ def observe(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str, 
         if (jobset.get("spec") or {}).get("suspend"):
             if workload is None:
                 workload = get_workload(api, namespace, jobset)
-            held = st.workload_inactive(workload)
+            held = workload_inactive(workload)
     else:
         held = bool((parent.get("spec") or {}).get("suspend"))
-    observation = st.observe_jobset(jobset, previous_phase=current.get("phase"),
-                                    previous_start_time=current.get("startTime"),
-                                    previous_restarts=current.get("restarts"),
-                                    previous_preemptions=current.get("preemptions"),
-                                    held=held, workload=workload, now=stamp, stalled=st.is_stalled(current))
-    desired = st.merge_status(current, observation, now=stamp, generation=parent["metadata"].get("generation"))
+    observation = observe_jobset(jobset, previous_phase=current.get("phase"),
+                                 previous_start_time=current.get("startTime"),
+                                 previous_restarts=current.get("restarts"),
+                                 previous_preemptions=current.get("preemptions"),
+                                 held=held, workload=workload, now=stamp, stalled=is_stalled(current))
+    desired = merge_status(current, observation, now=stamp, generation=parent["metadata"].get("generation"))
     if jobset is not None:
-        desired["attempts"] = track_attempts(current, jobset, observation.phase, failure, stalled=st.is_stalled(current),
+        desired["attempts"] = track_attempts(current, jobset, observation.phase, failure, stalled=is_stalled(current),
                                              now=stamp)
     if observation.phase == Phase.SUCCEEDED and current.get("phase") != Phase.SUCCEEDED:
         figures = final_figures(api, namespace, jobset_name)
@@ -92,11 +94,11 @@ def stop_for_good(api: kubernetes.client.ApiClient, namespace: str, jobset_name:
         return None
     if not jobset_finished(jobset) and not fails_by_its_own_rule(jobset, failure):
         set_jobset_suspend(api, namespace, jobset_name, True)
-    kopf.warn(cast(kopf.Body, parent), reason=st.failure_reason(failure.failure_class), message=failure.message)
-    failures, preemptions = st.restart_counts(jobset)
-    observation = st.observe_failure(failure.failure_class, failure.message, restarts=failures,
-                                     preemptions=preemptions, start_time=current.get("startTime"), now=stamp)
-    desired = st.merge_status(current, observation, now=stamp, generation=parent["metadata"].get("generation"))
+    kopf.warn(cast(kopf.Body, parent), reason=failure_reason(failure.failure_class), message=failure.message)
+    failures, preemptions = restart_counts(jobset)
+    observation = observe_failure(failure.failure_class, failure.message, restarts=failures,
+                                  preemptions=preemptions, start_time=current.get("startTime"), now=stamp)
+    desired = merge_status(current, observation, now=stamp, generation=parent["metadata"].get("generation"))
     attempt = failure.attempt if failure.attempt is not None else ended_attempt(jobset, current)
     desired["attempts"] = record_end(current.get("attempts") or [], attempt, now=stamp,
                                      reason=failure.failure_class, failure=failure, last_step=last_step(current))
@@ -109,7 +111,7 @@ def record_pod_failure(api: kubernetes.client.ApiClient, parent: Mapping[str, An
     status.attempts, and the gang stopped when the spec fails the class at once. The pod watch
     calls it (handlers.on_pod_event) because the JobSet restarts the gang, and the pods with their
     reasons go, before a look from the JobSet's own events could see them."""
-    if st.stopped_for_good(current) or current.get("phase") in Phase.TERMINAL or jobset is None:
+    if stopped_for_good(current) or current.get("phase") in Phase.TERMINAL or jobset is None:
         return dict(current)
     namespace = parent["metadata"]["namespace"]
     stopped = stop_for_good(api, namespace, jobset_name, parent, current, jobset, failure, now())
@@ -130,7 +132,7 @@ def record_pod_failure(api: kubernetes.client.ApiClient, parent: Mapping[str, An
 
 def fails_by_its_own_rule(jobset: Mapping[str, Any], failure: Failure) -> bool:
     """The JobSet fails by itself on this failure: its Job's pod failure policy fails on the exit
-    code (render.pod_failure_policy), which the fail-fast rule turns into a failed JobSet. Suspending
+    code (failure_policies.pod_failure_policy), which the fail-fast rule turns into a failed JobSet. Suspending
     it as well would race that rule and leave a suspended JobSet instead of a failed one."""
     if failure.exit_code is None:
         return False
@@ -174,7 +176,7 @@ def track_attempts(current: Mapping[str, Any], jobset: Mapping[str, Any], phase:
     attempts: list[dict[str, Any]] = [dict(a) for a in current.get("attempts") or []]
     total = int((jobset.get("status") or {}).get("restarts") or 0)
     known = int(current.get("restarts") or 0) + int(current.get("preemptions") or 0)
-    failures, preemptions = st.restart_counts(jobset)
+    failures, preemptions = restart_counts(jobset)
     for attempt in range(known, total):
         if attempt == total - 1 and failure is not None and failure.attempt in (attempt, None):
             attempts = record_end(attempts, attempt, now=now, reason=failure.failure_class, failure=failure,
@@ -215,5 +217,5 @@ def jobset_pods(api: kubernetes.client.ApiClient, namespace: str, jobset_name: s
 
 
 def jobset_finished(jobset: Mapping[str, Any]) -> bool:
-    return any(c.get("type") in ("Completed", "Failed") and c.get("status") == st.TRUE
+    return any(c.get("type") in ("Completed", "Failed") and c.get("status") == TRUE
                for c in (jobset.get("status") or {}).get("conditions") or [])

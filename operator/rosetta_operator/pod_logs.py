@@ -18,8 +18,8 @@ import time
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Protocol
 
 from rosetta_operator.kube import Cluster, VerbError
+from rosetta_operator.names import COMPLETION_INDEX
 from rosetta_operator.progress import JOB_INDEX_LABEL, JOBSET_NAME_LABEL
-from rosetta_operator.render import COMPLETION_INDEX
 
 CONTAINER = "trainer"
 RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"

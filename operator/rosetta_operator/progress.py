@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping, Optional
 from prometheus_client.parser import text_string_to_metric_families
 
 from rosetta_contract.final_result import parse as parse_result
-from rosetta_operator.render import COMPLETION_INDEX, REPLICATED_JOB, REPLICATED_JOB_LABEL
+from rosetta_operator.names import COMPLETION_INDEX, REPLICATED_JOB, REPLICATED_JOB_LABEL
 
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"

@@ -14,13 +14,15 @@ from typing import Any, Mapping, Optional, cast
 import kopf
 import kubernetes
 
-from rosetta_contract.config import FaultToleranceSpec, MetricsSpec
+from rosetta_contract.evaluation_fields import MetricsSpec
+from rosetta_contract.fault_tolerance_fields import FaultToleranceSpec
 from rosetta_contract.resource import Phase
 from rosetta_operator import progress as pr
 from rosetta_operator import scrape
 from rosetta_operator import stall as sl
-from rosetta_operator import status as st
 from rosetta_operator.api_calls import end_attempt, get_training, now, set_jobset_suspend, write_status
+from rosetta_operator.conditions import Reason, truncate
+from rosetta_operator.status import is_stalled, stopped_for_good
 
 # A trainer that does not answer this fast is busy or gone; the next round tries again. The whole
 # exchange, not each read (scrape.py); nor is more than SCRAPE_MAX_BYTES of an answer read.
@@ -130,9 +132,9 @@ def watch_heartbeat(api: kubernetes.client.ApiClient, training: Mapping[str, Any
     turned: list[Mapping[str, Any]] = []  # the training, when this write turned Stalled True
 
     def compute(parent: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
-        if st.stopped_for_good(current) or current.get("phase") in Phase.TERMINAL:
+        if stopped_for_good(current) or current.get("phase") in Phase.TERMINAL:
             return dict(current)
-        turned[:] = [parent] if found.stalled and not st.is_stalled(current) else []
+        turned[:] = [parent] if found.stalled and not is_stalled(current) else []
         return sl.stall_status(current, found, action=action, now=now(),
                                generation=parent["metadata"].get("generation"))
 
@@ -142,7 +144,7 @@ def watch_heartbeat(api: kubernetes.client.ApiClient, training: Mapping[str, Any
         return
     if turned:
         log.warning("%s/%s stalled: %s", namespace, name, found.stalled)
-        kopf.warn(cast(kopf.Body, turned[0]), reason=st.Reason.STALLED, message=st.truncate(found.stalled))
+        kopf.warn(cast(kopf.Body, turned[0]), reason=Reason.STALLED, message=truncate(found.stalled))
     if action == "restart":
         end_attempt(api, namespace, pod)
     elif action == "fail":

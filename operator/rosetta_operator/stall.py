@@ -23,7 +23,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping, Optional
 
 from rosetta_operator import progress as pr
-from rosetta_operator import status as st
+from rosetta_operator.conditions import FALSE, TRUE, Cond, ConditionType, Reason, upsert_conditions
+from rosetta_operator.status import is_stalled, merge_status, observe_stall_failure, stopped_for_good
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ def verdict(status: Mapping[str, Any], watch: Optional[Watch], now: float, timeo
     stall = stalled(watch, now, timeout)
     if stall is not None:
         return Verdict(stalled=stall_message(stall, timeout, action))
-    if watch is not None and watch.moved and st.is_stalled(status):
+    if watch is not None and watch.moved and is_stalled(status):
         step = f" (last logged step {watch.step})" if watch.step is not None else ""
         return Verdict(recovered=f"rank 0 beats again{step}")
     return Verdict()
@@ -132,16 +133,16 @@ def stall_status(current: Mapping[str, Any], found: Verdict, *, action: str, now
     desired = dict(current)
     if found.stalled:
         message = found.stalled
-        if not st.is_stalled(current):
+        if not is_stalled(current):
             desired["stalls"] = int(current.get("stalls") or 0) + 1
-        desired["conditions"] = st.upsert_conditions(
-            current.get("conditions") or [], [st.Cond(st.ConditionType.STALLED, st.TRUE, st.Reason.NO_HEARTBEAT, message)],
+        desired["conditions"] = upsert_conditions(
+            current.get("conditions") or [], [Cond(ConditionType.STALLED, TRUE, Reason.NO_HEARTBEAT, message)],
             now=now, generation=generation)
-        if action == "fail" and not st.stopped_for_good(current):
-            failed = st.observe_stall_failure(message, start_time=current.get("startTime"), now=now)
-            desired = st.merge_status(desired, failed, now=now, generation=generation)
-    elif found.recovered and st.is_stalled(current):
-        desired["conditions"] = st.upsert_conditions(
-            current.get("conditions") or [], [st.Cond(st.ConditionType.STALLED, st.FALSE, st.Reason.HEARTBEAT,
-                                                      found.recovered)], now=now, generation=generation)
+        if action == "fail" and not stopped_for_good(current):
+            failed = observe_stall_failure(message, start_time=current.get("startTime"), now=now)
+            desired = merge_status(desired, failed, now=now, generation=generation)
+    elif found.recovered and is_stalled(current):
+        desired["conditions"] = upsert_conditions(
+            current.get("conditions") or [], [Cond(ConditionType.STALLED, FALSE, Reason.HEARTBEAT,
+                                                   found.recovered)], now=now, generation=generation)
     return desired

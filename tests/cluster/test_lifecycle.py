@@ -11,7 +11,7 @@ from pathlib import Path
 
 from workloads import condition, in_namespace, jobset, provision, running_pods, status, training_doc
 
-from rosetta_operator.status import Reason
+from rosetta_operator.conditions import Reason
 from support.cluster import wait_for
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ import pytest
 from test_real_pods import one_pod_training, pod_log
 from workloads import bound_claim, condition, status
 
-from rosetta_operator.status import ConditionType, Reason
+from rosetta_operator.conditions import ConditionType, Reason
 from support.cluster import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -17,7 +17,7 @@ import yaml
 
 from control_plane import free_port
 from rosetta_contract.resource import Phase
-from rosetta_operator.status import ConditionType
+from rosetta_operator.conditions import ConditionType
 from support.cluster import GROUP, PLURAL, REPO, VERSION, Cluster, OperatorProcess, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

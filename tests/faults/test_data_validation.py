@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from rosetta_cli.main import main
-from rosetta_contract.config import DataSpec
+from rosetta_contract.data_fields import DataSpec
 from rosetta_contract.exits import DATA_INVALID_EXIT, TERMINATION_PREFIX
 from rosetta_trainer.corpus import generate_pairs
 from rosetta_trainer.data import DataError

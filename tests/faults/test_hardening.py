@@ -25,9 +25,11 @@ from rosetta_contract.pod_fields import MAX_NAME_LENGTH, TRAINER_UID, is_secret_
 from rosetta_contract.profiles import PROFILES
 from rosetta_contract.resource import Phase
 from rosetta_contract.spec import ConfigError, parse_spec, parse_training
+from rosetta_operator.conditions import ConditionType, Reason
 from rosetta_operator.crd import build_crd, spec_schema
-from rosetta_operator.render import SCRATCH_MOUNTS, label_value, render
-from rosetta_operator.status import ConditionType, Reason
+from rosetta_operator.names import label_value
+from rosetta_operator.pod_template import SCRATCH_MOUNTS
+from rosetta_operator.render import render
 from support.cluster import GROUP, JS_GROUP, JS_PLURAL, JS_VERSION, PLURAL, REPO, VERSION, Cluster, wait_for
 from unit.openapi_check import assert_valid_jobset, cel_failures, schema_errors, with_defaults
 

@@ -27,7 +27,7 @@ from kubernetes import watch
 
 from control_plane import free_port
 from rosetta_contract.resource import Phase
-from rosetta_operator.status import ConditionType, Reason
+from rosetta_operator.conditions import ConditionType, Reason
 from support.cluster import GROUP, JS_GROUP, JS_PLURAL, JS_VERSION, REPO, VERSION, Cluster, OperatorProcess, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

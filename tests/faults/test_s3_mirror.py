@@ -22,7 +22,7 @@ import boto3
 import pytest
 import yaml
 
-from rosetta_contract.config import S3MirrorSpec
+from rosetta_contract.checkpoint_fields import S3MirrorSpec
 from rosetta_trainer import s3_checkpoints, s3_client, s3_mirror
 from rosetta_trainer.s3_checkpoints import MANIFEST
 from rosetta_trainer.s3_client import Counters, MirrorError, RetryPolicy
@@ -346,7 +346,7 @@ def test_a_new_node_resumes_a_real_training_from_s3(s3_url, bucket, tmp_path):
 NODE_SCRIPT = """
 import json, os, sys
 from pathlib import Path
-from rosetta_contract.config import S3MirrorSpec
+from rosetta_contract.checkpoint_fields import S3MirrorSpec
 from rosetta_trainer.distributed import close, init_world
 from rosetta_trainer.s3_client import RetryPolicy
 from rosetta_trainer.s3_mirror import resume_point

@@ -34,8 +34,8 @@ from kubernetes.client.rest import ApiException
 
 from control_plane import free_port
 from rosetta_contract.resource import Phase
+from rosetta_operator.conditions import ConditionType, Reason
 from rosetta_operator.crd import build_crd
-from rosetta_operator.status import ConditionType, Reason
 from support.cluster import REPO, Cluster, OperatorProcess, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from rosetta_contract.config import StagingSpec
+from rosetta_contract.staging_fields import StagingSpec
 from rosetta_trainer.data import DataError
 from rosetta_trainer.staging import MARKER, StagingError, stage
 from support.fake_hub import fake_hub

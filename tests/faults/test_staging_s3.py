@@ -9,7 +9,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from rosetta_contract.config import StagingSpec
+from rosetta_contract.staging_fields import StagingSpec
 from rosetta_trainer.data import DataError
 from rosetta_trainer.s3_client import MirrorError, RetryPolicy
 from rosetta_trainer.staging import MARKER, StagingError, stage, staged_from

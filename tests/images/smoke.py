@@ -11,7 +11,7 @@ import deepspeed
 import torch
 import transformers
 
-from rosetta_contract.config import ModelSpec
+from rosetta_contract.model_fields import ModelSpec
 from rosetta_trainer.losses import label_smoothed_cross_entropy
 from rosetta_trainer.models import build_model
 

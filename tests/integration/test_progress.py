@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from control_plane import free_port
 from rosetta_contract.metric_names import OPERATOR_METRICS, TRAINER_METRICS
 from rosetta_operator import handlers, operator_metrics
-from rosetta_operator.render import COMPLETION_INDEX
+from rosetta_operator.names import COMPLETION_INDEX
 from rosetta_trainer.telemetry import Telemetry
 from support.cluster import REPO, Cluster, OperatorProcess, wait_for
 

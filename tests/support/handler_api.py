@@ -16,8 +16,8 @@ import pytest
 from kubernetes.client.rest import ApiException
 
 from rosetta_operator import event_memory, handlers
-from rosetta_operator import status as st
 from rosetta_operator.attempts import FailedPods
+from rosetta_operator.scheduling_status import UnschedulablePods
 from support.cel_cases import BASE, SHARED_CHECKPOINTS
 
 NS, NAME, UID, JOBSET_UID = "team", "mt", "uid-mt", "uid-js"
@@ -125,7 +125,7 @@ def warnings(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
 
 def memo(api: FakeAPI) -> kopf.Memo:
     return kopf.Memo(api_client=SimpleNamespace(sanitize_for_serialization=lambda o: o), allow_host_path=False,
-                     own_creations=event_memory.OwnCreations(), unschedulable_pods=st.UnschedulablePods(), failed_pods=FailedPods(),
+                     own_creations=event_memory.OwnCreations(), unschedulable_pods=UnschedulablePods(), failed_pods=FailedPods(),
                      workload_decisions=event_memory.Decisions())
 
 

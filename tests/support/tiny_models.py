@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from rosetta_contract.config import ModelSpec, TokenizerTraining
+from rosetta_contract.model_fields import ModelSpec, TokenizerTraining
 from rosetta_trainer import corpus
 from rosetta_trainer.checkpoint import MARKER, step_dir_name
 from rosetta_trainer.models import build_model

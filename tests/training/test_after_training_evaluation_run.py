@@ -15,7 +15,8 @@ import yaml
 from rosetta_contract.spec import parse_training
 from rosetta_operator import evaluation_status as es
 from rosetta_operator.evaluation_job import render_evaluation_job
-from rosetta_operator.render import CONFIG_KEY, render
+from rosetta_operator.names import CONFIG_KEY
+from rosetta_operator.render import render
 from rosetta_trainer.__main__ import train_from_file
 from rosetta_trainer.checkpoint import read_meta
 

@@ -230,7 +230,7 @@ def test_the_operators_deepspeed_launcher_command_runs_on_two_nodes(runs):
     import socket
 
     from rosetta_contract.spec import parse_training
-    from rosetta_operator.render import command
+    from rosetta_operator.pod_template import command
 
     doc = deep_update(BASE, {"spec": {**ZERO2, "launcher": "deepspeed", "gpusPerNode": 1, "nodes": 2,
                                       "volumes": SHARED_CHECKPOINTS,  # one output dir here, as a shared volume

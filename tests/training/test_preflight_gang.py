@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 # One rank: the trainer's error handling around run_preflight, with a short grace for the healthy rank.
 RANK = """
 import argparse, logging, sys
-from rosetta_contract.config import PreflightSpec
+from rosetta_contract.fault_tolerance_fields import PreflightSpec
 from rosetta_trainer.cli import dispatch
 from rosetta_trainer.distributed import close, init_world
 from rosetta_trainer.preflight import run_preflight

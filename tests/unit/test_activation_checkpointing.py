@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rosetta_contract.config import ModelSpec
+from rosetta_contract.model_fields import ModelSpec
 from rosetta_trainer.backends import enable_activation_checkpointing
 from rosetta_trainer.models import build_model
 

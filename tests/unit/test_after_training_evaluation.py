@@ -16,7 +16,7 @@ from rosetta_contract import final_result
 from rosetta_contract.spec import ConfigError, parse_spec
 from rosetta_operator import evaluation_status as es
 from rosetta_operator import handlers
-from rosetta_operator import status as st
+from rosetta_operator.conditions import condition
 from rosetta_operator.evaluation_job import EVALUATION_LABEL, render_evaluation_job
 from rosetta_operator.render import render
 from support.handler_api import (  # noqa: F401 - api and warnings are fixtures
@@ -229,7 +229,7 @@ def test_a_succeeded_training_gets_one_evaluation_job(api, jobs):
     assert list(jobs) == ["mt-eval"]
     assert tt["status"]["phase"] == "Succeeded"  # the training's phase is the training's
     assert tt["status"]["evaluation"] == {"phase": "Pending", "jobName": "mt-eval", "checkpoint": "best"}
-    assert st.condition(tt["status"], "Evaluated")["reason"] == "EvaluationPending"
+    assert condition(tt["status"], "Evaluated")["reason"] == "EvaluationPending"
     # another event, an operator restart: the status says it exists, no second create is tried
     jobset_event(api, memo(api), jobset)
     assert [c for c in api.calls if c[:2] == ("create", "jobs")] == [("create", "jobs", "mt-eval")]
@@ -283,4 +283,4 @@ def test_the_jobs_events_bring_the_scores_into_status(api, jobs, monkeypatch):
     assert status["phase"] == "Succeeded"
     assert {k: status["evaluation"][k] for k in ("phase", "bleu", "chrf", "samples", "step")} == {
         "phase": "Succeeded", "bleu": 27.5, "chrf": 55.0, "samples": 100, "step": 10}
-    assert st.condition(status, "Evaluated")["status"] == "True"
+    assert condition(status, "Evaluated")["status"] == "True"

@@ -1,6 +1,6 @@
 """`rosetta logs NAME --attempt N`: which nodes' kept logs are read, from where, by what pod, and what
-is said when there is none. The pure parts directly; the reading over a stand-in cluster whose reader
-pods "run" their argv against an in-memory output directory, and over moto's S3.
+is said when there is none. The pure parts (attempt_logs) directly; the reading (attempt_log_reader) over a
+stand-in cluster whose reader pods "run" their argv against an in-memory output directory, and over moto's S3.
 tests/cluster/test_real_pods.py reads a real attempt's log on a real node."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from rosetta_cli.main import main
 from rosetta_contract.failures import attempt_log_path
 from rosetta_contract.pod_fields import DEFAULT_IMAGE
 from rosetta_contract.spec import parse_spec
-from rosetta_operator import Client, VerbError, attempt_logs
+from rosetta_operator import Client, VerbError, attempt_log_reader, attempt_logs
 from rosetta_operator.render import render
 
 REPO = Path(__file__).resolve().parents[2]
@@ -311,7 +311,7 @@ def test_many_nodes_are_read_by_several_pods_of_a_few_containers():
     got, _ = read(cluster, 0, all_ranks=True)
     assert got == [f"[rank {r}] node {r}" for r in range(20)]
     assert len(cluster.core.created) == 3 == len(cluster.core.deleted)
-    assert max(len(p["spec"]["containers"]) for p in cluster.core.created) <= 2 + 2 * attempt_logs.RANKS_PER_READER
+    assert max(len(p["spec"]["containers"]) for p in cluster.core.created) <= 2 + 2 * attempt_log_reader.RANKS_PER_READER
 
 
 # ------------------------------------------------------------------------------------ S3

@@ -15,8 +15,8 @@ import yaml
 from rosetta_cli.main import main
 from rosetta_contract import metric_names
 from rosetta_contract.spec import load_training
+from rosetta_operator.names import BASE_LABELS
 from rosetta_operator.policy import Policy
-from rosetta_operator.render import BASE_LABELS
 from rosetta_operator.render import render as render_training
 from support.chart import (
     CHART,

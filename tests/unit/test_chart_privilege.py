@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from rosetta_contract.spec import load_training
-from rosetta_operator.render import BASE_LABELS
+from rosetta_operator.names import BASE_LABELS
 from rosetta_operator.render import render as render_training
 from support.chart import GUIDES, REPO, RenderError, helm_installs, render, render_install
 

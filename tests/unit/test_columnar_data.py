@@ -8,7 +8,7 @@ import os
 import datasets  # the dev extra's: it writes the fixtures as users' pipelines do
 import pytest
 
-from rosetta_contract.config import DataSpec
+from rosetta_contract.data_fields import DataSpec
 from rosetta_trainer.data import DataError, read_split
 
 WMT = [{"translation": {"en": f"The house {i}.", "de": f"Das Haus {i}."}} for i in range(30)]

@@ -14,8 +14,9 @@ from pydantic import BaseModel
 from rosetta_cli.main import main
 from rosetta_contract.resource import PHASES
 from rosetta_contract.spec import ConfigError, TranslationTrainingSpec, parse_training
-from rosetta_operator import status as st
+from rosetta_operator.conditions import MAX_MESSAGE, Cond
 from rosetta_operator.crd import build_crd, cel_rules
+from rosetta_operator.status import Observation, merge_status
 from support.cel_cases import CASES, _raw
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,10 +76,10 @@ def test_printer_columns():
 
 def test_status_declares_every_field_the_operator_writes():
     props = STATUS_SCHEMA["properties"]
-    observation = st.Observation(
-        "Running", "running", (st.Cond("Running", "True", "AllJobsReady", "ok"),),
+    observation = Observation(
+        "Running", "running", (Cond("Running", "True", "AllJobsReady", "ok"),),
         restarts=1, preemptions=2, start_time="2024-01-01T00:00:00Z", completion_time="2024-01-02T00:00:00Z")
-    merged = st.merge_status({}, observation, now="2024-01-01T00:00:00Z", generation=2)
+    merged = merge_status({}, observation, now="2024-01-01T00:00:00Z", generation=2)
     # what the handlers add to every status (jobSet identity and the spec's shape)
     handler_fields = {"observedGeneration", "jobSetName", "configMapName", "nodes", "gpusPerNode", "worldSize"}
     for key in set(merged) | handler_fields | {"progress", "kopf"}:
@@ -206,7 +207,7 @@ def test_cel_rules_sit_at_their_declared_paths():
     declared = [("." + r.path.replace(".[]", "[]") if r.path else "", r.rule) for r in cel_rules()]
     assert sorted(placed) == sorted(declared)
     for rule in cel_rules():
-        assert rule.message and len(rule.message) <= st.MAX_MESSAGE
+        assert rule.message and len(rule.message) <= MAX_MESSAGE
 
 
 def test_cel_rules_guard_optional_fields():

@@ -9,8 +9,9 @@ import kopf
 import pytest
 from kubernetes.client.rest import ApiException
 
+from rosetta_contract.resource import Phase
 from rosetta_operator import api_calls, handlers
-from rosetta_operator import status as st
+from rosetta_operator.conditions import ConditionType, Reason, condition
 from support.handler_api import NAME, api, memo, reconcile, training, warnings  # noqa: F401 - fixtures
 
 VAP = ("jobsets.jobset.x-k8s.io \"mt\" is forbidden: ValidatingAdmissionPolicy 'no-jobsets' with binding "
@@ -30,12 +31,12 @@ def error(status: int, message: str = "", reason: str = "") -> ApiException:
 
 
 @pytest.mark.parametrize("status, message, reason", [
-    (422, INVALID, st.Reason.CREATE_REJECTED),
-    (400, "the object provided is unrecognized", st.Reason.CREATE_REJECTED),
-    (413, "Request entity too large: limit is 3145728", st.Reason.CREATE_REJECTED),
-    (403, VAP, st.Reason.CREATE_REJECTED),
-    (403, WEBHOOK, st.Reason.CREATE_REJECTED),
-    (403, QUOTA, st.Reason.QUOTA_EXCEEDED),
+    (422, INVALID, Reason.CREATE_REJECTED),
+    (400, "the object provided is unrecognized", Reason.CREATE_REJECTED),
+    (413, "Request entity too large: limit is 3145728", Reason.CREATE_REJECTED),
+    (403, VAP, Reason.CREATE_REJECTED),
+    (403, WEBHOOK, Reason.CREATE_REJECTED),
+    (403, QUOTA, Reason.QUOTA_EXCEEDED),
     (403, RBAC, None),                     # the operator's RBAC: an admin fixes it, kopf retries
     (404, "the server could not find the requested resource", None),   # no JobSet CRD yet
     (409, "already exists", None),
@@ -82,11 +83,11 @@ def test_a_jobset_refused_for_good_fails_the_training_once(api, warnings):
     status = reconcile(api, m)["status"]   # returns: kopf does not call it again for this generation
     message = f"the API refused JobSet {NAME}: {INVALID}"
     assert attempts == [1]
-    assert status["phase"] == st.Phase.FAILED and status["message"] == message
-    created = st.condition(status, st.ConditionType.CREATED)
+    assert status["phase"] == Phase.FAILED and status["message"] == message
+    created = condition(status, ConditionType.CREATED)
     assert (created["status"], created["reason"], created["message"]) == ("False", "CreateRejected", message)
-    assert st.condition(status, st.ConditionType.FAILED)["reason"] == "CreateRejected"
-    assert st.condition(status, st.ConditionType.VALID)["status"] == "True"
+    assert condition(status, ConditionType.FAILED)["reason"] == "CreateRejected"
+    assert condition(status, ConditionType.VALID)["status"] == "True"
     assert "jobSetName" not in status   # never created: nothing for the JobSet watch to mirror
     assert warnings == [{"name": NAME, "reason": "CreateRejected", "message": message}]
 
@@ -96,9 +97,9 @@ def test_a_jobset_refused_for_good_fails_the_training_once(api, warnings):
     tt["metadata"]["generation"] = 2
     api.put("translationtrainings", tt)
     status = reconcile(api, m)["status"]
-    assert status["phase"] == st.Phase.PENDING and status["jobSetName"] == NAME
-    assert st.condition(status, st.ConditionType.CREATED)["reason"] == "JobSetCreated"
-    assert st.condition(status, st.ConditionType.FAILED)["status"] == "False"
+    assert status["phase"] == Phase.PENDING and status["jobSetName"] == NAME
+    assert condition(status, ConditionType.CREATED)["reason"] == "JobSetCreated"
+    assert condition(status, ConditionType.FAILED)["status"] == "False"
 
 
 def test_a_configmap_refused_for_good_is_named(api, warnings):
@@ -119,14 +120,14 @@ def test_a_quota_refusal_is_retried_with_one_warning(api, warnings):
         assert exc.value.delay == handlers.QUOTA_RETRY_DELAY
     status = api.get("translationtrainings", NAME)["status"]
     assert attempts == [3]
-    assert status["phase"] == st.Phase.PENDING
-    assert st.condition(status, st.ConditionType.CREATED)["reason"] == "QuotaExceeded"
-    assert st.condition(status, st.ConditionType.FAILED) is None
+    assert status["phase"] == Phase.PENDING
+    assert condition(status, ConditionType.CREATED)["reason"] == "QuotaExceeded"
+    assert condition(status, ConditionType.FAILED) is None
     assert [w["reason"] for w in warnings] == ["QuotaExceeded"]   # not one per retry
 
     allow(api, "jobsets")   # another training finished
     status = reconcile(api, m)["status"]
-    assert st.condition(status, st.ConditionType.CREATED)["reason"] == "JobSetCreated"
+    assert condition(status, ConditionType.CREATED)["reason"] == "JobSetCreated"
 
 
 @pytest.mark.parametrize("status, message", [(403, RBAC), (500, "etcdserver: request timed out")])

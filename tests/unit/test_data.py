@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rosetta_contract.config import DataSpec
+from rosetta_contract.data_fields import DataSpec
 from rosetta_trainer import corpus
 from rosetta_trainer.data import DataError, Example, read_source, read_split
 

@@ -2,7 +2,7 @@
 
 import os
 
-from rosetta_contract.config import DataSpec
+from rosetta_contract.data_fields import DataSpec
 from rosetta_trainer.data_identity import data_identity
 
 

@@ -4,7 +4,7 @@ translation: generate()'s cache is sized by the encoder's depth otherwise, and i
 import pytest
 import torch
 
-from rosetta_contract.config import ModelSpec, TokenizerTraining
+from rosetta_contract.model_fields import ModelSpec, TokenizerTraining
 from rosetta_trainer import corpus
 from rosetta_trainer.evaluate import Generation, translate
 from rosetta_trainer.models import build_model

@@ -15,7 +15,7 @@ from test_after_training_evaluation import OWNER, finished_job, jobs, pod_with  
 from rosetta_contract.config import TrainerSpec
 from rosetta_contract.spec import ConfigError, parse_spec
 from rosetta_operator import handlers
-from rosetta_operator import status as st
+from rosetta_operator.conditions import condition
 from rosetta_operator.evaluation_job import EVALUATION_LABEL, render_evaluation_job
 from support.handler_api import NAME, NS, UID, api, memo, reconcile  # noqa: F401 - api is a fixture
 
@@ -113,7 +113,7 @@ def test_the_operator_creates_the_job_and_no_jobset(api, jobs):
     status = tt["status"]
     assert status["phase"] == "Pending" and "jobSetName" not in status
     assert status["evaluation"] == {"phase": "Pending", "jobName": "mt-eval", "checkpoint": "pretrained"}
-    assert st.condition(status, "Created")["reason"] == "EvaluationJobCreated"
+    assert condition(status, "Created")["reason"] == "EvaluationJobCreated"
     # a restart of the operator: the Job exists (409) and is ours
     reconcile(api, memo(api))
     assert list(jobs) == ["mt-eval"]

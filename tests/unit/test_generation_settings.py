@@ -4,8 +4,8 @@ same flags on `rosetta evaluate` and `rosetta translate`, down to what generate(
 import pytest
 import torch
 
-from rosetta_contract.config import EvaluationSpec
 from rosetta_contract.documents import parse_document
+from rosetta_contract.evaluation_fields import EvaluationSpec
 from rosetta_contract.strict_model import ConfigError
 from rosetta_trainer.cli import build_parser, generation_overrides
 from rosetta_trainer.evaluate import Generation, translate

@@ -8,9 +8,10 @@ import logging
 
 import kopf
 
+from rosetta_contract.resource import Phase
 from rosetta_contract.spec import parse_spec
 from rosetta_operator import event_memory, handlers
-from rosetta_operator import status as st
+from rosetta_operator.conditions import ConditionType, Reason, condition
 from rosetta_operator.render import APPLIED_SUSPEND, render
 from support.handler_api import (  # noqa: F401 - api and warnings are fixtures
     JOBSET_UID,
@@ -72,7 +73,7 @@ def test_the_users_edit_of_suspend_is_applied_once(api):
     status = reconcile(api, m)["status"]
     (patch,) = [c[3] for c in api.of("jobsets") if c[0] == "patch"]
     assert patch == {"metadata": {"annotations": {APPLIED_SUSPEND: "true"}}, "spec": {"suspend": True}}
-    assert status["phase"] == st.Phase.SUSPENDED
+    assert status["phase"] == Phase.SUSPENDED
     api.calls.clear()
     reconcile(api, m)
     assert [c for c in api.of("jobsets") if c[0] == "patch"] == []
@@ -86,7 +87,7 @@ def test_a_training_waiting_for_kueue_is_queued_with_kueues_reason(api, warnings
     training(api, scheduling={"queueName": "a3-training"})
     status = reconcile(api, m)["status"]
     assert ("list", "workloads", f"kueue.x-k8s.io/job-uid={JOBSET_UID}") in api.calls
-    assert status["phase"] == st.Phase.QUEUED
+    assert status["phase"] == Phase.QUEUED
     assert status["message"] == "queued in LocalQueue a3-training: waiting for Kueue"
 
     # Kueue creates the Workload and finds no quota: its event says so without a JobSet event
@@ -106,11 +107,11 @@ def test_a_training_waiting_for_kueue_is_queued_with_kueues_reason(api, warnings
         return api.get("translationtrainings", NAME)["status"]
 
     status = event()
-    assert status["phase"] == st.Phase.QUEUED
+    assert status["phase"] == Phase.QUEUED
     assert status["message"] == f"queued in LocalQueue a3-training: {QUOTA}"
-    admitted = st.condition(status, st.ConditionType.ADMITTED)
-    assert (admitted["status"], admitted["reason"]) == ("False", st.Reason.QUEUED)
-    assert st.condition(status, st.ConditionType.SUSPENDED)["status"] == "False"
+    admitted = condition(status, ConditionType.ADMITTED)
+    assert (admitted["status"], admitted["reason"]) == ("False", Reason.QUEUED)
+    assert condition(status, ConditionType.SUSPENDED)["status"] == "False"
 
     api.calls.clear()
     event()                                   # Kueue's bookkeeping, the same decision: no API call
@@ -122,8 +123,8 @@ def test_a_training_waiting_for_kueue_is_queued_with_kueues_reason(api, warnings
                           "admission": {"clusterQueue": "gpus"}}
     jobset_status(api, spec={"suspend": False})
     status = event()
-    assert status["phase"] == st.Phase.PENDING
-    assert st.condition(status, st.ConditionType.ADMITTED)["reason"] == st.Reason.ADMITTED
+    assert status["phase"] == Phase.PENDING
+    assert condition(status, ConditionType.ADMITTED)["reason"] == Reason.ADMITTED
     assert warnings == []
 
 
@@ -142,7 +143,7 @@ def test_without_kueue_the_list_404_is_quiet(api, caplog):
     training(api, scheduling={"queueName": "a3-training"})
     with caplog.at_level(logging.WARNING):
         status = reconcile(api, memo(api))["status"]
-    assert status["phase"] == st.Phase.QUEUED
+    assert status["phase"] == Phase.QUEUED
     assert caplog.records == []
 
 
@@ -150,7 +151,7 @@ def test_suspend_true_beside_a_queue_waits_for_kueue(api):
     """Kueue's own docs create queued jobs with suspend: true; that is no hold, Kueue starts it."""
     training(api, suspend=True, scheduling={"queueName": "a3-training"})
     status = reconcile(api, memo(api))["status"]
-    assert status["phase"] == st.Phase.QUEUED
+    assert status["phase"] == Phase.QUEUED
 
 
 def test_a_users_suspend_under_a_queue_holds_the_kueue_workload(api):
@@ -171,14 +172,14 @@ def test_a_users_suspend_under_a_queue_holds_the_kueue_workload(api):
     assert [c[3] for c in api.of("workloads") if c[0] == "patch"] == [{"spec": {"active": False}}]
     assert [c[3] for c in api.of("jobsets") if c[0] == "patch"] == [
         {"metadata": {"annotations": {APPLIED_SUSPEND: "true"}}}]
-    assert status["phase"] == st.Phase.SUSPENDED
+    assert status["phase"] == Phase.SUSPENDED
 
     tt = api.get("translationtrainings", NAME)
     tt["spec"]["suspend"] = False
     api.put("translationtrainings", tt)
     status = reconcile(api, m)["status"]
     assert api.get("workloads", "jobset-mt-1")["spec"]["active"] is True
-    assert status["phase"] == st.Phase.QUEUED     # back in the queue until Kueue admits it again
+    assert status["phase"] == Phase.QUEUED     # back in the queue until Kueue admits it again
 
 
 # --------------------------------------------------------------------------- preemption
@@ -225,9 +226,9 @@ def test_an_unschedulable_gang_says_why_once(api, warnings):
 
     event(pod("b", "PodScheduled", "False", "Unschedulable", NO_GPU))
     status = api.get("translationtrainings", NAME)["status"]
-    scheduled = st.condition(status, st.ConditionType.SCHEDULED)
+    scheduled = condition(status, ConditionType.SCHEDULED)
     assert (scheduled["status"], scheduled["reason"], scheduled["message"]) == ("False", "Unschedulable", NO_GPU)
-    assert status["phase"] == st.Phase.PENDING
+    assert status["phase"] == Phase.PENDING
     assert status["message"] == f"starting: 0/1 jobs ready; unschedulable: {NO_GPU}"
     assert warnings == [{"name": NAME, "reason": "Unschedulable", "message": NO_GPU}]
 
@@ -237,6 +238,6 @@ def test_an_unschedulable_gang_says_why_once(api, warnings):
 
     event(pod("b", "PodScheduled", "True", None, ""))
     status = api.get("translationtrainings", NAME)["status"]
-    assert st.condition(status, st.ConditionType.SCHEDULED)["status"] == "True"
+    assert condition(status, ConditionType.SCHEDULED)["status"] == "True"
     assert status["message"] == "starting: 0/1 jobs ready"
     assert len(warnings) == 1

@@ -9,7 +9,7 @@ import pytest
 from rosetta_contract.failures import FailureClass
 from rosetta_operator.attempts import Failure
 from rosetta_operator.node_health import exclude, gated, max_excluded, release_patch
-from rosetta_operator.render import NODE_HEALTH_GATE
+from rosetta_operator.pod_template import NODE_HEALTH_GATE
 
 KUEUE_GATE = {"name": "kueue.x-k8s.io/topology"}
 

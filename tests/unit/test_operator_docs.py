@@ -10,8 +10,9 @@ from pydantic import BaseModel
 
 from rosetta_contract.config import TrainerSpec
 from rosetta_contract.pod_fields import SchedulingSpec
+from rosetta_contract.resource import Phase
 from rosetta_contract.spec import TranslationTrainingSpec
-from rosetta_operator import status as st
+from rosetta_operator.conditions import ConditionType, Reason
 from rosetta_operator.crd import PRINTER_COLUMNS
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "operator.md").read_text()
@@ -40,9 +41,9 @@ def test_every_cluster_field_is_documented():
 
 
 def test_phases_reasons_conditions_and_columns_are_documented():
-    constants = [v for cls in (st.Phase, st.Reason) for k, v in vars(cls).items()
+    constants = [v for cls in (Phase, Reason) for k, v in vars(cls).items()
                  if k.isupper() and isinstance(v, str)]
-    constants += [v for k, v in vars(st.ConditionType).items() if k.isupper() and isinstance(v, str)]
+    constants += [v for k, v in vars(ConditionType).items() if k.isupper() and isinstance(v, str)]
     missing = [c for c in constants if f"`{c}`" not in DOC]
     assert not missing, f"docs/operator.md does not mention {missing}"
     for column in PRINTER_COLUMNS:

@@ -19,7 +19,7 @@ from kubernetes.config import kube_config
 from rosetta_contract.resource import Phase
 from rosetta_contract.spec import parse_spec
 from rosetta_operator import handlers
-from rosetta_operator import status as st
+from rosetta_operator.conditions import ConditionType, condition
 from rosetta_operator.render import render
 from support.cel_cases import BASE, SHARED_CHECKPOINTS
 from support.handler_api import NAME, api, memo, reconcile, training, warnings  # noqa: F401 - fixtures
@@ -162,5 +162,5 @@ def test_a_refused_spec_change_is_one_warning(api, warnings):
     api.put("translationtrainings", tt)
     for _ in range(3):
         status = reconcile(api, m)["status"]
-    assert st.condition(status, st.ConditionType.SPEC_APPLIED)["reason"] == "SpecChangeRefused"
+    assert condition(status, ConditionType.SPEC_APPLIED)["reason"] == "SpecChangeRefused"
     assert [w["reason"] for w in warnings] == ["SpecChangeRefused"]

@@ -17,11 +17,13 @@ from kubernetes.client.rest import ApiException
 
 from rosetta_cli.main import main
 from rosetta_contract.documents import read_yaml
+from rosetta_contract.resource import Phase
 from rosetta_contract.spec import parse_spec, parse_training
 from rosetta_operator import handlers
-from rosetta_operator import status as st
 from rosetta_operator.applied_spec import APPLIED_SPEC
+from rosetta_operator.conditions import ConditionType, condition
 from rosetta_operator.evaluation_job import render_evaluation_job
+from rosetta_operator.names import KUEUE_QUEUE_LABEL
 from rosetta_operator.policy import (
     Policy,
     PolicyError,
@@ -31,7 +33,6 @@ from rosetta_operator.policy import (
     rules_for,
     violations,
 )
-from rosetta_operator.render import KUEUE_QUEUE_LABEL
 from support.cel_cases import BASE, SHARED_CHECKPOINTS
 from support.handler_api import (  # noqa: F401 - api and warnings are fixtures
     NAME,
@@ -622,10 +623,10 @@ def test_the_operator_refuses_a_forbidden_training_and_creates_nothing(api, warn
     status = reconcile(api, with_policy(api, allowedPriorityClasses=["batch"]))["status"]
     message = ("spec.scheduling.priorityClassName: 'system-node-critical' is not allowed here; allowed: batch "
                "(operator policy)")
-    assert status["phase"] == st.Phase.FAILED and status["message"] == message
-    valid = st.condition(status, st.ConditionType.VALID)
+    assert status["phase"] == Phase.FAILED and status["message"] == message
+    valid = condition(status, ConditionType.VALID)
     assert (valid["status"], valid["reason"], valid["message"]) == ("False", "ForbiddenByPolicy", message)
-    assert st.condition(status, st.ConditionType.FAILED)["reason"] == "ForbiddenByPolicy"
+    assert condition(status, ConditionType.FAILED)["reason"] == "ForbiddenByPolicy"
     assert warnings == [{"name": NAME, "reason": "ForbiddenByPolicy", "message": message}]
     assert [c for c in api.calls if c[0] == "create"] == []
 
@@ -633,7 +634,7 @@ def test_the_operator_refuses_a_forbidden_training_and_creates_nothing(api, warn
 def test_an_allowed_training_gets_its_jobset(api, warnings):
     training(api, scheduling={"priorityClassName": "batch"})
     status = reconcile(api, with_policy(api, allowedPriorityClasses=["batch"], maxNodes=2))["status"]
-    assert st.condition(status, st.ConditionType.VALID)["reason"] == "SpecValid"
+    assert condition(status, ConditionType.VALID)["reason"] == "SpecValid"
     assert [c[1] for c in api.calls if c[0] == "create"] == ["configmaps", "jobsets"]
     assert warnings == []
 
@@ -648,9 +649,9 @@ def test_a_forbidden_change_leaves_the_running_jobset_alone(api, warnings):
     api.calls.clear()
     status = reconcile(api, m)["status"]
     assert [c for c in api.calls if c[1] == "jobsets" and c[0] != "get"] == []
-    assert status["phase"] != st.Phase.FAILED
-    assert st.condition(status, st.ConditionType.SPEC_APPLIED)["reason"] == "ForbiddenByPolicy"
-    assert st.condition(status, st.ConditionType.VALID)["message"].startswith("spec.nodes: 3 nodes; at most 2")
+    assert status["phase"] != Phase.FAILED
+    assert condition(status, ConditionType.SPEC_APPLIED)["reason"] == "ForbiddenByPolicy"
+    assert condition(status, ConditionType.VALID)["message"].startswith("spec.nodes: 3 nodes; at most 2")
 
 
 def test_the_startup_hook_reads_the_policy_from_the_environment(tmp_path, monkeypatch):
@@ -669,7 +670,7 @@ def test_the_startup_hook_reads_the_policy_from_the_environment(tmp_path, monkey
 def test_without_a_policy_the_operator_applies_the_defaults(api, warnings):
     training(api, nodes=17)
     status = reconcile(api, memo(api))["status"]
-    assert st.condition(status, st.ConditionType.VALID)["message"] == (
+    assert condition(status, ConditionType.VALID)["message"] == (
         "spec.nodes: 17 nodes; at most 16 per training here (operator policy)")
     assert [c for c in api.calls if c[0] == "create"] == []
 
@@ -677,10 +678,10 @@ def test_without_a_policy_the_operator_applies_the_defaults(api, warnings):
 def test_the_operator_applies_the_rules_of_the_trainings_namespace(api, warnings):
     training(api)  # two nodes, in namespace NS
     status = reconcile(api, with_policy(api, maxNodes=1, namespaces={"other": {"maxNodes": 2}}))["status"]
-    assert st.condition(status, st.ConditionType.VALID)["reason"] == "ForbiddenByPolicy"
+    assert condition(status, ConditionType.VALID)["reason"] == "ForbiddenByPolicy"
     api.calls.clear()
     status = reconcile(api, with_policy(api, maxNodes=1, namespaces={NS: {"maxNodes": 2}}))["status"]
-    assert st.condition(status, st.ConditionType.VALID)["reason"] == "SpecValid"
+    assert condition(status, ConditionType.VALID)["reason"] == "SpecValid"
     assert [c[1] for c in api.calls if c[0] == "create"] == ["configmaps", "jobsets"]
 
 
@@ -689,7 +690,7 @@ def test_a_namespace_entry_that_allows_host_paths_lets_the_operator_read_them(ap
     status = reconcile(api, memo(api))["status"]
     assert "hostPath volumes are not allowed by this operator" in status["message"]
     status = reconcile(api, with_policy(api, namespaces={NS: {"allowedHostPaths": ["/mnt/datasets"]}}))["status"]
-    assert st.condition(status, st.ConditionType.VALID)["reason"] == "SpecValid"
+    assert condition(status, ConditionType.VALID)["reason"] == "SpecValid"
 
 
 # ---------------------------------------------------- the after-training evaluation Job, judged again
@@ -733,7 +734,7 @@ def test_a_policy_made_stricter_since_the_training_started_refuses_its_evaluatio
     message = "spec.evaluation.afterTraining.cpu: 6 of CPU for the evaluation pod; at most 4 per pod here (operator policy)"
     assert jobs == {}
     assert status["evaluation"] == {"phase": "Failed", "jobName": "mt-eval", "checkpoint": "best", "message": message}
-    evaluated = st.condition(status, "Evaluated")
+    evaluated = condition(status, "Evaluated")
     assert (evaluated["status"], evaluated["reason"], evaluated["message"]) == ("False", "ForbiddenByPolicy", message)
     assert warnings == [{"name": NAME, "reason": "ForbiddenByPolicy", "message": f"no evaluation Job mt-eval: {message}"}]
     assert status["phase"] == "Succeeded"  # the training itself did
@@ -748,7 +749,7 @@ def test_a_rewritten_record_on_the_jobset_does_not_reach_the_evaluation_job(api,
                  "volumes": [*SHARED_CHECKPOINTS, {**HOST, "hostPath": {"path": "/"}}]}
     status = succeed(api, m, rewritten)
     assert jobs == {}
-    evaluated = st.condition(status, "Evaluated")
+    evaluated = condition(status, "Evaluated")
     assert evaluated["reason"] == "InvalidSpec" and "hostPath volumes are not allowed" in evaluated["message"]
 
 

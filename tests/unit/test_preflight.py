@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rosetta_contract.config import PreflightSpec
 from rosetta_contract.exits import NODE_UNHEALTHY_EXIT, exit_status
+from rosetta_contract.fault_tolerance_fields import PreflightSpec
 from rosetta_trainer.distributed import World
 from rosetta_trainer.fault_hooks import preflight_fails_on
 from rosetta_trainer.preflight import (

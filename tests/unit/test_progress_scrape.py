@@ -16,7 +16,7 @@ from typing import Iterator
 import pytest
 
 from rosetta_operator import progress_round, scrape
-from rosetta_operator.render import COMPLETION_INDEX
+from rosetta_operator.names import COMPLETION_INDEX
 
 METRICS = "# TYPE rosetta_step gauge\nrosetta_step 120\n# TYPE rosetta_total_steps gauge\nrosetta_total_steps 600\n"
 MiB = 1 << 20

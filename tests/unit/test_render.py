@@ -21,15 +21,9 @@ from rosetta_contract.exits import (
 from rosetta_contract.failures import CUDA_OUT_OF_MEMORY_EXIT
 from rosetta_contract.profiles import EFA_RESOURCE, PROFILES
 from rosetta_contract.spec import CLUSTER_FIELDS, ConfigError, parse_spec
-from rosetta_operator.render import (
-    APPLIED_SUSPEND,
-    COMPLETION_INDEX,
-    CONFIG_KEY,
-    PREEMPTION_ACTION,
-    render,
-    resource_names,
-    suspend_patch,
-)
+from rosetta_operator.failure_policies import PREEMPTION_ACTION
+from rosetta_operator.names import COMPLETION_INDEX, CONFIG_KEY, resource_names
+from rosetta_operator.render import APPLIED_SUSPEND, render, suspend_patch
 
 TRAINER = {
     "model": {"architecture": "transformer", "size": "tiny"},

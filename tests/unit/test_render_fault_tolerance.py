@@ -10,7 +10,7 @@ import yaml
 from openapi_check import assert_valid_jobset
 from test_render_s3 import TRAINER, env_list
 
-from rosetta_contract.config import FaultToleranceSpec
+from rosetta_contract.fault_tolerance_fields import FaultToleranceSpec
 from rosetta_contract.spec import ConfigError, parse_spec
 from rosetta_operator.render import render
 

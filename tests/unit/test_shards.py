@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from rosetta_contract.config import TokenizerTraining
+from rosetta_contract.model_fields import TokenizerTraining
 from rosetta_trainer import shards
 from rosetta_trainer.batching import collate, encode, plan_epoch
 from rosetta_trainer.corpus import generate_pairs

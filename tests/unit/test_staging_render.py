@@ -10,11 +10,14 @@ import re
 import pytest
 from openapi_check import jobset_schema, schema_errors
 
+from rosetta_contract.exits import DATA_INVALID_EXIT
+from rosetta_contract.resource import Phase
 from rosetta_contract.spec import ConfigError, parse_spec
 from rosetta_operator import evaluation_status as es
-from rosetta_operator import status as st
+from rosetta_operator.jobset_status import expected_jobs, job_counts, observe_jobset, shows_failure
+from rosetta_operator.names import STAGE_JOB
 from rosetta_operator.progress import _is_rank0
-from rosetta_operator.render import DATA_INVALID_EXIT, STAGE_JOB, render
+from rosetta_operator.render import render
 from support.handler_api import NAME, NS, SPEC
 
 MODELS = {"name": "models", "mountPath": "/models", "purpose": "model", "persistentVolumeClaim": {"claimName": "models"}}
@@ -194,8 +197,8 @@ def test_preparing_before_training_needs_the_checkpoints_on_a_claim():
 def test_while_preparing_the_status_says_where_the_data_goes():
     js = render(NAME, NS, prepared_spec()).jobset
     js["status"] = {"replicatedJobsStatus": [{"name": STAGE_JOB, "active": 1}, {"name": "node"}]}
-    observed = st.observe_jobset(js)
-    assert observed.phase == st.Phase.PENDING
+    observed = observe_jobset(js)
+    assert observed.phase == Phase.PENDING
     assert observed.message.startswith(f"staging: tokenizing the training data into /runs/{NAME}/prepared")
 
 
@@ -210,20 +213,20 @@ def jobset_with(stage: dict | None, node: dict) -> dict:
 
 def test_while_staging_the_training_is_pending_and_says_so():
     js = jobset_with({"active": 1, "ready": 1}, {})
-    observed = st.observe_jobset(js)
-    assert observed.phase == st.Phase.PENDING and observed.message.startswith("staging:")
-    assert st.expected_jobs(js) == 1 and st.job_counts(js)["ready"] == 0
+    observed = observe_jobset(js)
+    assert observed.phase == Phase.PENDING and observed.message.startswith("staging:")
+    assert expected_jobs(js) == 1 and job_counts(js)["ready"] == 0
 
 
 def test_after_staging_the_gang_alone_makes_it_running():
     js = jobset_with({"succeeded": 1}, {"active": 1, "ready": 1})
-    observed = st.observe_jobset(js)
-    assert observed.phase == st.Phase.RUNNING and observed.message == "running: 1/1 jobs ready"
+    observed = observe_jobset(js)
+    assert observed.phase == Phase.RUNNING and observed.message == "running: 1/1 jobs ready"
 
 
 def test_a_failed_stage_job_is_a_failure_to_look_into():
-    assert st.shows_failure(jobset_with({"failed": 1}, {}), previous_restarts=0)
-    assert not st.shows_failure(jobset_with({"succeeded": 1}, {"active": 1}), previous_restarts=0)
+    assert shows_failure(jobset_with({"failed": 1}, {}), previous_restarts=0)
+    assert not shows_failure(jobset_with({"succeeded": 1}, {"active": 1}), previous_restarts=0)
 
 
 def test_progress_is_read_from_the_gang_not_from_the_stage_pod():

@@ -9,8 +9,10 @@ from test_status import jobset
 from rosetta_contract.resource import Phase
 from rosetta_operator import progress as pr
 from rosetta_operator import stall as sl
+from rosetta_operator.conditions import ConditionType, Reason, condition
 from rosetta_operator.crd import status_schema
-from rosetta_operator.status import ConditionType, Reason, condition, is_stalled, observe_jobset, stopped_for_good
+from rosetta_operator.jobset_status import observe_jobset
+from rosetta_operator.status import is_stalled, stopped_for_good
 
 TIMEOUT = 60
 NOW = "2026-01-01T00:00:00Z"

@@ -8,7 +8,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from rosetta_operator import api_calls, progress_round
-from rosetta_operator.status import ConditionType, Reason, condition
+from rosetta_operator.conditions import ConditionType, Reason, condition
 
 POD = {"metadata": {"name": "mt-node-0-0-abcde", "uid": "pod-1",
                     "ownerReferences": [{"kind": "Job", "name": "mt-node-0", "uid": "job-1"}]}}

@@ -6,30 +6,28 @@ import pytest
 
 from rosetta_contract.resource import Phase
 from rosetta_contract.spec import parse_spec
-from rosetta_operator.render import failure_policy
-from rosetta_operator.status import (
+from rosetta_operator.conditions import (
     MAX_MESSAGE,
     Cond,
     ConditionType,
-    Observation,
     Reason,
-    UnschedulablePods,
     changed_fields,
     condition,
-    expected_jobs,
     invalid_spec_message,
-    merge_status,
-    observe_data_invalid,
-    observe_jobset,
-    pod_scheduling,
     refused_message,
-    restart_counts,
-    shows_failure,
-    status_patch,
     truncate,
     upsert_conditions,
+)
+from rosetta_operator.failure_policies import failure_policy
+from rosetta_operator.jobset_status import (
+    expected_jobs,
+    observe_jobset,
+    restart_counts,
+    shows_failure,
     workload_admission,
 )
+from rosetta_operator.scheduling_status import UnschedulablePods, pod_scheduling
+from rosetta_operator.status import Observation, merge_status, observe_data_invalid, status_patch
 
 T0, T1, T2 = "2025-01-01T00:00:00Z", "2025-01-01T00:01:00Z", "2025-01-01T00:02:00Z"
 

@@ -5,7 +5,7 @@ import logging
 import pytest
 from transformers import NllbTokenizer
 
-from rosetta_contract.config import TokenizerTraining
+from rosetta_contract.model_fields import TokenizerTraining
 from rosetta_trainer import token_ids
 from rosetta_trainer.corpus import generate_pairs
 from rosetta_trainer.token_ids import Encoder, public_ids

@@ -8,7 +8,7 @@ import unicodedata
 import pytest
 from transformers import AutoTokenizer
 
-from rosetta_contract.config import TokenizerTraining
+from rosetta_contract.model_fields import TokenizerTraining
 from rosetta_trainer import corpus
 from rosetta_trainer.tokenization import (
     EOS_ID,

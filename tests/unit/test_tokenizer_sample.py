@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from rosetta_contract.config import TokenizerTraining
+from rosetta_contract.model_fields import TokenizerTraining
 from rosetta_trainer import corpus
 from rosetta_trainer.tokenization import (
     SAMPLE_SEED,

@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from rosetta_contract.config import TrackingSpec, WandbSpec
+from rosetta_contract.evaluation_fields import TrackingSpec, WandbSpec
 from rosetta_trainer import tracking
 from rosetta_trainer.telemetry import Telemetry
 

@@ -14,7 +14,7 @@ import stat
 from pathlib import Path
 from typing import Iterator
 
-from rosetta_contract.config import DataSource, DataSpec
+from rosetta_contract.data_fields import DataSource, DataSpec
 from rosetta_trainer.data import DataError, Example, _file_kind, _path, _single_lang
 
 BATCH_ROWS = 8192

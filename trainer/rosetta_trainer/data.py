@@ -41,7 +41,7 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import Iterator, Literal
 
-from rosetta_contract.config import DataSource, DataSpec
+from rosetta_contract.data_fields import DataSource, DataSpec
 
 from . import corpus
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from rosetta_contract.config import REQUIRED_BY_FORMAT, DataSpec
+from rosetta_contract.data_fields import REQUIRED_BY_FORMAT, DataSpec
 from rosetta_contract.failures import FailureClass
 from rosetta_contract.languages import task_prefix
 

@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-from rosetta_contract.config import REQUIRED_BY_FORMAT, DataSource, DataSpec
+from rosetta_contract.data_fields import REQUIRED_BY_FORMAT, DataSource, DataSpec
 
 SPLITS = ("train", "validation", "test")
 

@@ -136,7 +136,7 @@ class CollectiveTimeout(RuntimeError):
     (rosetta_contract.exits.COLLECTIVE_TIMEOUT_EXIT)."""
 
 
-# How torch says a collective timed out. NCCL (with TORCH_NCCL_ASYNC_ERROR_HANDLING=2, render.py)
+# How torch says a collective timed out. NCCL (with TORCH_NCCL_ASYNC_ERROR_HANDLING=2, pod_template.py)
 # raises DistBackendError from its watchdog's report, or says the communicator was aborted for it;
 # gloo raises a plain RuntimeError from its transport, then closes the pair; the TCPStore's waits
 # raise DistStoreError.

@@ -17,8 +17,9 @@ from typing import Callable
 
 import torch
 
-from rosetta_contract.config import EvaluationSpec, TrainerSpec
+from rosetta_contract.config import TrainerSpec
 from rosetta_contract.documents import parse_document
+from rosetta_contract.evaluation_fields import EvaluationSpec
 from rosetta_contract.languages import task_prefix
 from rosetta_contract.metrics import METRICS, ROUGE_METRICS
 from rosetta_contract.strict_model import ConfigError

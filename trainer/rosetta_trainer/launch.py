@@ -1,4 +1,4 @@
-"""`python -m rosetta_trainer.launch torchrun ARGS...`: a trainer pod's first process (render.command).
+"""`python -m rosetta_trainer.launch torchrun ARGS...`: a trainer pod's first process (pod_template.command).
 
 It runs the command (`torchrun` as this interpreter's torch.distributed.run, so no PATH lookup;
 anything else as given) and

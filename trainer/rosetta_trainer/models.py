@@ -13,7 +13,7 @@ from typing import Mapping
 import torch
 from transformers import AutoModelForSeq2SeqLM, MarianConfig, PreTrainedModel, T5Config
 
-from rosetta_contract.config import ModelSpec
+from rosetta_contract.model_fields import ModelSpec
 
 log = logging.getLogger(__name__)
 

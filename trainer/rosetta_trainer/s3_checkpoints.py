@@ -30,7 +30,7 @@ from pathlib import Path
 
 import botocore.exceptions as boto_errors
 
-from rosetta_contract.config import S3MirrorSpec
+from rosetta_contract.checkpoint_fields import S3MirrorSpec
 from rosetta_trainer.checkpoint import (
     MARKER,
     STEP_DIR,

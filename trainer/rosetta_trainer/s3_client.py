@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import botocore.exceptions as boto_errors
 from boto3.exceptions import S3UploadFailedError
 
-from rosetta_contract.config import S3MirrorSpec
+from rosetta_contract.checkpoint_fields import S3MirrorSpec
 
 log = logging.getLogger(__name__)
 

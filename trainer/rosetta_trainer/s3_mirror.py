@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from rosetta_contract.config import CheckpointSpec, S3MirrorSpec
+from rosetta_contract.checkpoint_fields import CheckpointSpec, S3MirrorSpec
 from rosetta_trainer.checkpoint import (
     MARKER,
     STEP_DIR,

@@ -16,7 +16,8 @@ import shutil
 import time
 from pathlib import Path, PurePosixPath
 
-from rosetta_contract.config import StagingSpec, TrainerSpec
+from rosetta_contract.config import TrainerSpec
+from rosetta_contract.staging_fields import StagingSpec
 from rosetta_trainer.data import DataError
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from rosetta_contract.config import TokenizerTraining
+from rosetta_contract.model_fields import TokenizerTraining
 
 PAD, EOS, UNK = "<pad>", "</s>", "<unk>"
 # The order is the ids: the trainers give special tokens the first ids, in this order.

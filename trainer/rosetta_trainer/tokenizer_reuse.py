@@ -16,7 +16,7 @@ import os
 import secrets
 from pathlib import Path
 
-from rosetta_contract.config import TokenizerTraining
+from rosetta_contract.model_fields import TokenizerTraining
 
 RECORD = "rosetta-trained-from.json"
 FORMAT_VERSION = 1

@@ -21,7 +21,7 @@ import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
-from rosetta_contract.config import MlflowSpec, TrackingSpec, WandbSpec
+from rosetta_contract.evaluation_fields import MlflowSpec, TrackingSpec, WandbSpec
 
 log = logging.getLogger(__name__)
 

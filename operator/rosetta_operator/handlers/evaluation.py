@@ -15,7 +15,6 @@ from rosetta_contract.spec import TranslationTrainingSpec, parse_spec
 from rosetta_contract.strict_model import ConfigError
 from rosetta_operator import evaluation_status as es
 from rosetta_operator import policy as pol
-from rosetta_operator import status as st
 from rosetta_operator.api_calls import (
     create_refusal,
     get_training,
@@ -28,6 +27,16 @@ from rosetta_operator.applied_spec import (
     parsed_spec,
     with_default_image,
 )
+from rosetta_operator.conditions import (
+    FALSE,
+    TRUE,
+    Cond,
+    ConditionType,
+    Reason,
+    invalid_spec_message,
+    truncate,
+    upsert_conditions,
+)
 from rosetta_operator.evaluation_job import EVALUATION_LABEL, evaluation_job_name, required_evaluation_job
 from rosetta_operator.operator_metrics import (
     instrumented,
@@ -37,7 +46,7 @@ from rosetta_operator.operator_metrics import (
 
 
 def start_evaluation(api: kubernetes.client.ApiClient, namespace: str, owner: Mapping[str, Any],
-                     jobset: Mapping[str, Any], memo: kopf.Memo) -> Optional[tuple[dict[str, Any], st.Cond]]:
+                     jobset: Mapping[str, Any], memo: kopf.Memo) -> Optional[tuple[dict[str, Any], Cond]]:
     """Create the evaluation Job of a succeeded training with spec.evaluation.afterTraining, once:
     its name is fixed, so a second call (another JobSet event, an operator restart) finds it (409).
     A training whose evaluation already finished gets none again, even if its Job was deleted.
@@ -52,12 +61,12 @@ def start_evaluation(api: kubernetes.client.ApiClient, namespace: str, owner: Ma
     checkpoint = spec.evaluation.after_training.checkpoint
     judged, problems, reason = judged_again(applied, namespace, memo)
     if judged is None or problems:
-        message = st.invalid_spec_message(problems)
+        message = invalid_spec_message(problems)
         kopf.warn(cast(kopf.Body, training), reason=reason,
-                  message=st.truncate(f"no evaluation Job {evaluation_job_name(owner['name'])}: {message}"))
+                  message=truncate(f"no evaluation Job {evaluation_job_name(owner['name'])}: {message}"))
         return ({"phase": es.EvaluationPhase.FAILED, "jobName": evaluation_job_name(owner["name"]),
                  "checkpoint": checkpoint, "message": message},
-                st.Cond(st.ConditionType.EVALUATED, st.FALSE, reason, message))
+                Cond(ConditionType.EVALUATED, FALSE, reason, message))
     job = required_evaluation_job(owner["name"], namespace, judged, owner=dict(owner))
     batch = kubernetes.client.BatchV1Api(api)
     try:
@@ -77,11 +86,11 @@ def start_evaluation(api: kubernetes.client.ApiClient, namespace: str, owner: Ma
             refusal = create_refusal(exc)
             if refusal is None:
                 raise  # transient: kopf calls us again with the next attempt
-            kopf.warn(cast(kopf.Body, training), reason=st.Reason.EVALUATION_FAILED,
-                      message=st.truncate(f"the API refused Job {job['metadata']['name']}: {refusal.message}"))
+            kopf.warn(cast(kopf.Body, training), reason=Reason.EVALUATION_FAILED,
+                      message=truncate(f"the API refused Job {job['metadata']['name']}: {refusal.message}"))
             return ({"phase": es.EvaluationPhase.FAILED, "jobName": job["metadata"]["name"],
                      "checkpoint": checkpoint, "message": refusal.message},
-                    st.Cond(st.ConditionType.EVALUATED, st.FALSE, st.Reason.EVALUATION_FAILED, refusal.message))
+                    Cond(ConditionType.EVALUATED, FALSE, Reason.EVALUATION_FAILED, refusal.message))
     return es.pending_evaluation(job["metadata"]["name"], checkpoint)
 
 
@@ -95,8 +104,8 @@ def judged_again(applied: Mapping[str, Any], namespace: str,
     try:
         spec = parse_spec(with_default_image(applied, memo.get("default_image")), allow_host_path=allow_host_path)
     except ConfigError as exc:
-        return None, exc.errors, st.Reason.INVALID_SPEC
-    return spec, pol.violations(spec, policy, namespace), st.Reason.FORBIDDEN_BY_POLICY
+        return None, exc.errors, Reason.INVALID_SPEC
+    return spec, pol.violations(spec, policy, namespace), Reason.FORBIDDEN_BY_POLICY
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={EVALUATION_LABEL: kopf.PRESENT})
@@ -113,7 +122,7 @@ def evaluation_changed(event: Mapping[str, Any], body: kopf.Body, namespace: str
     pods: list[dict[str, Any]] = []
     conditions = (job.get("status") or {}).get("conditions") or []
     # Finished: its pods' termination messages hold the scores, or why it failed (a source not there).
-    if any(c.get("type") in ("Complete", "Failed") and c.get("status") == st.TRUE for c in conditions):
+    if any(c.get("type") in ("Complete", "Failed") and c.get("status") == TRUE for c in conditions):
         try:
             listed = kubernetes.client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=f"job-name={name}")
             pods = [api.sanitize_for_serialization(p) for p in listed.items]
@@ -125,7 +134,7 @@ def evaluation_changed(event: Mapping[str, Any], body: kopf.Body, namespace: str
         if previous.get("phase") in es.EvaluationPhase.TERMINAL:
             return dict(current)  # finished: a later event (the Job's pods being cleaned up) changes nothing
         evaluation, cond = es.observe_evaluation(job, pods, previous)
-        desired = {**current, "evaluation": evaluation, "conditions": st.upsert_conditions(
+        desired = {**current, "evaluation": evaluation, "conditions": upsert_conditions(
             current.get("conditions") or [], [cond], now=now(), generation=parent["metadata"].get("generation"))}
         if (parent.get("spec") or {}).get("mode") == "evaluate":  # the Job is the whole run
             desired["phase"] = es.evaluation_run_phase(evaluation)

@@ -7,7 +7,6 @@ from typing import Any, Mapping
 
 import kopf
 
-from rosetta_operator import status as st
 from rosetta_operator.api_calls import (
     JOBSET_GROUP,
     KUEUE_GROUP,
@@ -18,6 +17,7 @@ from rosetta_operator.api_calls import (
     jobset_and_training,
     write_status,
 )
+from rosetta_operator.jobset_status import workload_admission
 from rosetta_operator.observation import observe
 from rosetta_operator.operator_metrics import (
     instrumented,
@@ -41,7 +41,7 @@ def workload_changed(event: Mapping[str, Any], body: kopf.Body, namespace: str, 
         record_outcome("ignored")
         return
     workload = copy.deepcopy(dict(body))
-    if not decisions.changed(uid, st.workload_admission(workload, dict(body.spec or {}).get("queueName") or "")):
+    if not decisions.changed(uid, workload_admission(workload, dict(body.spec or {}).get("queueName") or "")):
         record_outcome("ignored")  # Kueue's bookkeeping, not a new decision
         return
     api = memo.api_client

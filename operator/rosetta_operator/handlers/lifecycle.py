@@ -17,7 +17,6 @@ from rosetta_contract.spec import TranslationTrainingSpec, parse_training
 from rosetta_contract.strict_model import ConfigError
 from rosetta_operator import evaluation_status as es
 from rosetta_operator import policy as pol
-from rosetta_operator import status as st
 from rosetta_operator.api_calls import (
     JOBSET_GROUP,
     JOBSET_PLURAL,
@@ -41,9 +40,23 @@ from rosetta_operator.applied_spec import (
     with_default_image,
     without_mutable,
 )
+from rosetta_operator.conditions import (
+    FALSE,
+    TRUE,
+    Cond,
+    ConditionType,
+    Reason,
+    changed_fields,
+    condition,
+    invalid_spec_message,
+    refused_message,
+    upsert_conditions,
+)
 from rosetta_operator.evaluation_job import required_evaluation_job
 from rosetta_operator.handlers.evaluation import start_evaluation
 from rosetta_operator.handlers.startup import QUOTA_RETRY_DELAY
+from rosetta_operator.jobset_status import jobset_succeeded, queue_of
+from rosetta_operator.names import TRAINING_LABEL
 from rosetta_operator.observation import jobset_finished, observe
 from rosetta_operator.operator_metrics import (
     Wait,
@@ -51,7 +64,8 @@ from rosetta_operator.operator_metrics import (
     instrumented,
     record_outcome,
 )
-from rosetta_operator.render import TRAINING_LABEL, render, suspend_patch
+from rosetta_operator.render import render, suspend_patch
+from rosetta_operator.status import stopped_for_good
 
 # ---------------------------------------------------------------------------- reconcile
 
@@ -77,7 +91,7 @@ def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str, uid: 
         forbidden = pol.violations(training.spec, policy, namespace)
         if forbidden:
             record_outcome("forbidden")
-            report_invalid(api, body, forbidden, logger, reason=st.Reason.FORBIDDEN_BY_POLICY)
+            report_invalid(api, body, forbidden, logger, reason=Reason.FORBIDDEN_BY_POLICY)
             return
         rendered = render(name, namespace, training.spec, owner=body)
     except ConfigError as exc:
@@ -106,7 +120,7 @@ def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str, uid: 
             if refusal is None:
                 raise  # transient (409 after a race, 429, 5xx, RBAC being fixed): kopf retries
             report_refused(api, body, f"the API refused {child}: {refusal.message}", refusal.reason, logger)
-            if refusal.reason == st.Reason.QUOTA_EXCEEDED:
+            if refusal.reason == Reason.QUOTA_EXCEEDED:
                 raise Wait(f"{child}: {refusal.message}", "quota", delay=QUOTA_RETRY_DELAY) from None
             record_outcome("rejected")
             return  # for good: the next reconcile is the next edit of the spec (or an operator restart)
@@ -115,22 +129,22 @@ def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str, uid: 
         check_owned(api, body, jobset)
 
     applied = applied_spec_of(jobset, applied_spec)
-    refused = st.changed_fields(applied, applied_spec, prefix="spec")
+    refused = changed_fields(applied, applied_spec, prefix="spec")
     record_outcome("refused" if refused else "applied")
     # Status describes the gang that runs: after a refused change, that is the applied spec's.
     running = parsed_spec(applied) if refused else training.spec
     if refused:
-        spec_applied = st.Cond(st.ConditionType.SPEC_APPLIED, st.FALSE, st.Reason.SPEC_CHANGE_REFUSED,
-                               st.refused_message(refused))
+        spec_applied = Cond(ConditionType.SPEC_APPLIED, FALSE, Reason.SPEC_CHANGE_REFUSED,
+                            refused_message(refused))
     else:
-        spec_applied = st.Cond(st.ConditionType.SPEC_APPLIED, st.TRUE, st.Reason.SPEC_IN_SYNC)
+        spec_applied = Cond(ConditionType.SPEC_APPLIED, TRUE, Reason.SPEC_IN_SYNC)
     suspend = suspend_patch(jobset, training.spec.suspend)
     if suspend is not None and not jobset_finished(jobset) \
-            and not st.stopped_for_good(body.get("status") or {}):  # stopped for good (observe)
+            and not stopped_for_good(body.get("status") or {}):  # stopped for good (observe)
         # Suspend is the one change a JobSet takes while it exists: the JobSet controller stops the
         # gang's Jobs and recreates them on resume (from the last checkpoint). Only the user's edit
         # is applied, never the same value again: Kueue may have unsuspended it since.
-        if "spec" in suspend and st.queue_of(jobset):
+        if "spec" in suspend and queue_of(jobset):
             # Kueue owns a queued JobSet's suspend (it un-suspends whatever it admitted): the user's
             # hold goes through Kueue's own switch, the Workload's spec.active, and Kueue stops or
             # re-queues the gang.
@@ -147,9 +161,9 @@ def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str, uid: 
     }
     if running is not None:
         fixed.update(nodes=running.nodes, gpusPerNode=running.gpus_per_node, worldSize=running.world_size)
-    conditions = (st.Cond(st.ConditionType.VALID, st.TRUE, st.Reason.SPEC_VALID),
-                  st.Cond(st.ConditionType.CREATED, st.TRUE, st.Reason.JOBSET_CREATED,
-                          f"JobSet {jobset_name}, ConfigMap {rendered.names.configmap}"),
+    conditions = (Cond(ConditionType.VALID, TRUE, Reason.SPEC_VALID),
+                  Cond(ConditionType.CREATED, TRUE, Reason.JOBSET_CREATED,
+                       f"JobSet {jobset_name}, ConfigMap {rendered.names.configmap}"),
                   spec_applied)
     known = first_attempt_only(jobset)
     news = False  # a refusal that the status does not say yet
@@ -159,13 +173,13 @@ def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str, uid: 
         news = bool(refused) and not said(current, spec_applied, generation)
         desired = observe(api, namespace, jobset_name, parent, current, known())
         desired.update(fixed)
-        desired["conditions"] = st.upsert_conditions(desired.get("conditions") or [], conditions,
-                                                     now=now(), generation=generation)
+        desired["conditions"] = upsert_conditions(desired.get("conditions") or [], conditions,
+                                                  now=now(), generation=generation)
         return desired
 
     write_status(api, namespace, name, uid, compute, parent=body)
     if news:
-        kopf.warn(body, reason=st.Reason.SPEC_CHANGE_REFUSED, message=spec_applied.message)
+        kopf.warn(body, reason=Reason.SPEC_CHANGE_REFUSED, message=spec_applied.message)
 
 
 def reconcile_evaluation(api: kubernetes.client.ApiClient, body: kopf.Body, spec: TranslationTrainingSpec,
@@ -197,9 +211,9 @@ def reconcile_evaluation(api: kubernetes.client.ApiClient, body: kopf.Body, spec
             return
     record_outcome("applied")
     generation = body.metadata.get("generation")
-    conditions = (st.Cond(st.ConditionType.VALID, st.TRUE, st.Reason.SPEC_VALID),
-                  st.Cond(st.ConditionType.CREATED, st.TRUE, st.Reason.EVALUATION_JOB_CREATED,
-                          f"Job {job_name}, {configmap['metadata']['name']}"))
+    conditions = (Cond(ConditionType.VALID, TRUE, Reason.SPEC_VALID),
+                  Cond(ConditionType.CREATED, TRUE, Reason.EVALUATION_JOB_CREATED,
+                       f"Job {job_name}, {configmap['metadata']['name']}"))
     pending, pending_cond = es.pending_evaluation(job_name, "pretrained")
 
     def compute(parent: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
@@ -209,23 +223,23 @@ def reconcile_evaluation(api: kubernetes.client.ApiClient, body: kopf.Body, spec
                        nodes=1, gpusPerNode=spec.gpus_per_node, worldSize=1, evaluation=evaluation,
                        phase=es.evaluation_run_phase(evaluation))
         new = list(conditions) if current.get("evaluation") else [*conditions, pending_cond]
-        desired["conditions"] = st.upsert_conditions(current.get("conditions") or [], new,
-                                                     now=now(), generation=generation)
+        desired["conditions"] = upsert_conditions(current.get("conditions") or [], new,
+                                                  now=now(), generation=generation)
         return desired
 
     write_status(api, namespace, name, uid, compute, parent=body)
 
 
-def said(current: Mapping[str, Any], cond: st.Cond, generation: Optional[int]) -> bool:
+def said(current: Mapping[str, Any], cond: Cond, generation: Optional[int]) -> bool:
     """Whether the status already says `cond` about this generation: the situation its Warning
     event was posted for, so an operator restart (resume) or a retry posts none again."""
-    before = st.condition(current, cond.type) or {}
+    before = condition(current, cond.type) or {}
     return (before.get("status"), before.get("reason"), before.get("message"), before.get("observedGeneration")) \
         == (cond.status, cond.reason, cond.message, generation)
 
 
 def report_invalid(api: kubernetes.client.ApiClient, body: kopf.Body, errors: list[tuple[str, str]],
-                   logger: logging.Logger, reason: str = st.Reason.INVALID_SPEC) -> None:
+                   logger: logging.Logger, reason: str = Reason.INVALID_SPEC) -> None:
     """A spec that can never work (InvalidSpec) or may not run here (ForbiddenByPolicy): say which
     field and why, in status and, when the status did not say so already, as a Warning event.
 
@@ -233,13 +247,13 @@ def report_invalid(api: kubernetes.client.ApiClient, body: kopf.Body, errors: li
     edit that fixes the spec must still be reconciled. A JobSet that already runs keeps running:
     only the edit is refused.
     """
-    message = st.invalid_spec_message(errors)
-    logger.warning("%s: %s", "forbidden by policy" if reason == st.Reason.FORBIDDEN_BY_POLICY else "invalid spec",
+    message = invalid_spec_message(errors)
+    logger.warning("%s: %s", "forbidden by policy" if reason == Reason.FORBIDDEN_BY_POLICY else "invalid spec",
                    message)
     generation = body.metadata.get("generation")
     name, namespace = body.metadata["name"], body.metadata["namespace"]
     jobset_name = (body.get("status") or {}).get("jobSetName")
-    invalid = st.Cond(st.ConditionType.VALID, st.FALSE, reason, message)
+    invalid = Cond(ConditionType.VALID, FALSE, reason, message)
     news = False
 
     def compute(parent: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
@@ -247,13 +261,13 @@ def report_invalid(api: kubernetes.client.ApiClient, body: kopf.Body, errors: li
         news = not said(current, invalid, generation)
         if jobset_name and get_jobset(api, namespace, jobset_name) is not None:
             desired = dict(current)
-            updates = (invalid, st.Cond(st.ConditionType.SPEC_APPLIED, st.FALSE, reason, message))
+            updates = (invalid, Cond(ConditionType.SPEC_APPLIED, FALSE, reason, message))
         else:
             desired = {**current, "phase": Phase.FAILED, "message": message}
-            updates = (invalid, st.Cond(st.ConditionType.FAILED, st.TRUE, reason, message))
+            updates = (invalid, Cond(ConditionType.FAILED, TRUE, reason, message))
         desired["observedGeneration"] = generation
-        desired["conditions"] = st.upsert_conditions(current.get("conditions") or [], updates,
-                                                     now=now(), generation=generation)
+        desired["conditions"] = upsert_conditions(current.get("conditions") or [], updates,
+                                                  now=now(), generation=generation)
         return desired
 
     write_status(api, namespace, name, body.metadata["uid"], compute, parent=body)
@@ -269,20 +283,20 @@ def report_refused(api: kubernetes.client.ApiClient, body: kopf.Body, message: s
     logger.warning("%s", message)
     generation = body.metadata.get("generation")
     name, namespace = body.metadata["name"], body.metadata["namespace"]
-    created = st.Cond(st.ConditionType.CREATED, st.FALSE, reason, message)
+    created = Cond(ConditionType.CREATED, FALSE, reason, message)
     news = False
-    final = reason != st.Reason.QUOTA_EXCEEDED
+    final = reason != Reason.QUOTA_EXCEEDED
 
     def compute(parent: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
         nonlocal news
         news = not said(current, created, generation)
-        updates = [st.Cond(st.ConditionType.VALID, st.TRUE, st.Reason.SPEC_VALID), created]
+        updates = [Cond(ConditionType.VALID, TRUE, Reason.SPEC_VALID), created]
         if final:
-            updates.append(st.Cond(st.ConditionType.FAILED, st.TRUE, reason, message))
+            updates.append(Cond(ConditionType.FAILED, TRUE, reason, message))
         desired = {**current, "phase": Phase.FAILED if final else Phase.PENDING, "message": message,
                    "observedGeneration": generation}
-        desired["conditions"] = st.upsert_conditions(current.get("conditions") or [], updates,
-                                                     now=now(), generation=generation)
+        desired["conditions"] = upsert_conditions(current.get("conditions") or [], updates,
+                                                  now=now(), generation=generation)
         return desired
 
     write_status(api, namespace, name, body.metadata["uid"], compute, parent=body)
@@ -309,15 +323,15 @@ def jobset_changed(event: Mapping[str, Any], body: kopf.Body, namespace: str, me
     jobset = None if event.get("type") == "DELETED" else copy.deepcopy(dict(body))
 
     evaluation = None
-    if jobset is not None and st.jobset_succeeded(jobset):
+    if jobset is not None and jobset_succeeded(jobset):
         evaluation = start_evaluation(api, namespace, owner, jobset, memo)
 
     def compute(parent: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
         desired = observe(api, namespace, jobset_name, parent, current, jobset)
         if evaluation is not None and not current.get("evaluation"):
             desired["evaluation"], cond = evaluation
-            desired["conditions"] = st.upsert_conditions(desired.get("conditions") or [], [cond], now=now(),
-                                                         generation=parent["metadata"].get("generation"))
+            desired["conditions"] = upsert_conditions(desired.get("conditions") or [], [cond], now=now(),
+                                                      generation=parent["metadata"].get("generation"))
         return desired
 
     write_status(api, namespace, owner["name"], owner["uid"], compute)

@@ -14,7 +14,6 @@ import kubernetes
 
 from rosetta_operator import node_health
 from rosetta_operator import progress as pr
-from rosetta_operator import status as st
 from rosetta_operator.api_calls import (
     first_attempt_only,
     jobset_and_training,
@@ -22,12 +21,15 @@ from rosetta_operator.api_calls import (
     write_status,
 )
 from rosetta_operator.attempts import Failure, pod_failure
+from rosetta_operator.conditions import FALSE, Cond, ConditionType, Reason, condition, upsert_conditions
+from rosetta_operator.names import TRAINING_LABEL
 from rosetta_operator.observation import observe, record_pod_failure
 from rosetta_operator.operator_metrics import (
     instrumented,
     record_outcome,
 )
-from rosetta_operator.render import TRAINING_LABEL
+from rosetta_operator.scheduling_status import pod_scheduling
+from rosetta_operator.status import stopped_for_good
 
 
 @kopf.on.event("v1", "pods", labels={TRAINING_LABEL: kopf.PRESENT}, id="pod_scheduling")  # type: ignore[arg-type]
@@ -52,7 +54,7 @@ async def on_pod_event(event: Mapping[str, Any], body: kopf.Body, namespace: str
         waiting.forget(uid)
         memo.failed_pods.forget(uid)
         return
-    scheduled = waiting.update(uid, (namespace, jobset_name), st.pod_scheduling(body))
+    scheduled = waiting.update(uid, (namespace, jobset_name), pod_scheduling(body))
     if scheduled is None:
         return
     try:
@@ -67,7 +69,7 @@ async def on_pod_event(event: Mapping[str, Any], body: kopf.Body, namespace: str
 
 @instrumented("pod_scheduling")
 def scheduling_changed(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str,
-                       scheduled: st.Cond) -> None:
+                       scheduled: Cond) -> None:
     """Fold a gang's Scheduled condition into its training's status; one Warning event when it
     turns False."""
     jobset, owner = jobset_and_training(api, namespace, jobset_name)
@@ -79,17 +81,17 @@ def scheduling_changed(api: kubernetes.client.ApiClient, namespace: str, jobset_
 
     def compute(parent: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
         generation = parent["metadata"].get("generation")
-        conditions = st.upsert_conditions(current.get("conditions") or [], [scheduled], now=now(),
-                                          generation=generation)
+        conditions = upsert_conditions(current.get("conditions") or [], [scheduled], now=now(),
+                                       generation=generation)
         desired = observe(api, namespace, jobset_name, parent, {**current, "conditions": conditions}, known())
-        before = st.condition(current, st.ConditionType.SCHEDULED) or {}
-        after = st.condition(desired, st.ConditionType.SCHEDULED) or {}
-        turned[:] = [parent] if after.get("status") == st.FALSE != before.get("status") else []
+        before = condition(current, ConditionType.SCHEDULED) or {}
+        after = condition(desired, ConditionType.SCHEDULED) or {}
+        turned[:] = [parent] if after.get("status") == FALSE != before.get("status") else []
         return desired
 
     write_status(api, namespace, owner["name"], owner["uid"], compute)
     if turned:
-        kopf.warn(cast(kopf.Body, turned[0]), reason=st.Reason.UNSCHEDULABLE, message=scheduled.message)
+        kopf.warn(cast(kopf.Body, turned[0]), reason=Reason.UNSCHEDULABLE, message=scheduled.message)
 
 
 @instrumented("pod_failed")
@@ -109,7 +111,7 @@ def pod_failed(api: kubernetes.client.ApiClient, namespace: str, jobset_name: st
         before = {a.get("attempt"): a.get("reason") for a in current.get("attempts") or []}
         after = {a.get("attempt"): a.get("reason") for a in desired.get("attempts") or []}
         told[:] = [parent] if any(before.get(k) != v for k, v in after.items()) \
-            and not st.stopped_for_good(desired) else []
+            and not stopped_for_good(desired) else []
         excluded[:] = [desired.get("excludedNodes") != current.get("excludedNodes")]
         return desired
 
@@ -117,7 +119,7 @@ def pod_failed(api: kubernetes.client.ApiClient, namespace: str, jobset_name: st
     if told:
         kopf.warn(cast(kopf.Body, told[0]), reason=failure.failure_class, message=failure.message)
         if excluded and excluded[0]:
-            kopf.warn(cast(kopf.Body, told[0]), reason=st.Reason.NODE_EXCLUDED,
+            kopf.warn(cast(kopf.Body, told[0]), reason=Reason.NODE_EXCLUDED,
                       message=f"node {failure.node} is kept out of the next attempts: {failure.message}")
 
 

@@ -15,7 +15,6 @@ import prometheus_client
 
 from rosetta_contract.resource import Phase
 from rosetta_operator import policy as pol
-from rosetta_operator import status as st
 from rosetta_operator.api_calls import (
     KUEUE_GROUP,
     KUEUE_JOB_UID_LABEL,
@@ -24,10 +23,11 @@ from rosetta_operator.api_calls import (
 )
 from rosetta_operator.attempts import FailedPods
 from rosetta_operator.event_memory import Decisions, OwnCreations
+from rosetta_operator.names import TRAINING_LABEL
 from rosetta_operator.operator_metrics import (
     reset_phase_gauges,
 )
-from rosetta_operator.render import TRAINING_LABEL
+from rosetta_operator.scheduling_status import UnschedulablePods
 
 # The apiserver stores JSON nested up to 10,000 levels (its decoder's limit) in the schemaless fields
 # (affinity, deepspeedConfig). kopf decodes every watch event with json.loads, and at Python's default
@@ -113,7 +113,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
         kubernetes.config.load_kube_config()
     memo.api_client = kubernetes.client.ApiClient()
     memo.own_creations = OwnCreations()
-    memo.unschedulable_pods = st.UnschedulablePods()
+    memo.unschedulable_pods = UnschedulablePods()
     memo.failed_pods = FailedPods()
     memo.workload_decisions = Decisions()
     if memo.get("metrics_port"):

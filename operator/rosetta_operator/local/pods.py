@@ -33,7 +33,9 @@ from typing import Any, Callable, cast
 import yaml
 
 from rosetta_contract import strict_yaml
-from rosetta_operator.render import COMPLETION_INDEX, CONFIG_KEY, REPLICATED_JOB, SCRATCH_MOUNTS, STAGE_JOB, Rendered
+from rosetta_operator.names import COMPLETION_INDEX, CONFIG_KEY, REPLICATED_JOB, STAGE_JOB
+from rosetta_operator.pod_template import SCRATCH_MOUNTS
+from rosetta_operator.render import Rendered
 
 # JobSet exposes the restart count of the gang on every pod; the trainer reports it.
 RESTART_ATTEMPT_ENV = "ROSETTA_RESTART_ATTEMPT"

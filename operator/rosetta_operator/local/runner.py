@@ -28,6 +28,7 @@ from rosetta_contract.exits import TERMINATION_PREFIX
 from rosetta_contract.spec import load_training
 from rosetta_operator.evaluation_job import required_evaluation_job
 from rosetta_operator.evaluation_status import evaluation_run_phase
+from rosetta_operator.failure_policies import fail_fast_exit_codes
 from rosetta_operator.local.pods import (
     LocalPod,
     LocalRunError,
@@ -44,7 +45,8 @@ from rosetta_operator.local.pods import (
 from rosetta_operator.local.progress import TrainingProgress
 from rosetta_operator.local.report import format_table, summary_rows, write_plots
 from rosetta_operator.local.supervisor import LocalJobSet
-from rosetta_operator.render import fail_fast_exit_codes, grace_period_seconds, render
+from rosetta_operator.pod_template import grace_period_seconds
+from rosetta_operator.render import render
 
 
 def parse_volume_args(values: list[str]) -> dict[str, Path]:

@@ -3,7 +3,7 @@
 As on a cluster, the pods form a gang: when one fails, the others are stopped and the whole
 set is started again (a new restart attempt, new pods with new emptyDirs) until `maxRestarts`
 is used up, unless its exit code is one the spec fails at once (failurePolicy.actions, through the
-launcher's classified exit codes: render.fail_fast_exit_codes), as the cluster's pod failure policy does; the trainer resumes from its latest checkpoint on the shared volume. Each pod is its own process group. Stopping is SIGTERM
+launcher's classified exit codes: failure_policies.fail_fast_exit_codes), as the cluster's pod failure policy does; the trainer resumes from its latest checkpoint on the shared volume. Each pod is its own process group. Stopping is SIGTERM
 to the launcher first (it forwards it, and the trainer checkpoints on it), then SIGKILL to
 the whole group after the grace period, as the kubelet does with a container.
 """
