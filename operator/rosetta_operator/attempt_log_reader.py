@@ -83,7 +83,7 @@ class Source(Protocol):
 class S3Source:
     """The mirror's copy: `<prefix>/logs/attempt-N/node-R.log`, read with the user's own credentials."""
 
-    def __init__(self, mirror: Any, client: Any = None):  # rosetta_contract.config.S3MirrorSpec
+    def __init__(self, mirror: Any, client: Any = None):  # rosetta_contract.checkpoint_fields.S3MirrorSpec
         self.mirror, self._client = mirror, client
         self.where = f"s3://{mirror.bucket}/{s3_base(mirror.prefix)}{logs_dir()}/"
         self.attempt = 0
