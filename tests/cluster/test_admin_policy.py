@@ -118,7 +118,9 @@ def test_the_policy_refuses_a_forbidden_training_and_admits_an_allowed_one(live_
 
         live_cluster.create_training(ns, allowed)
         wait_for(lambda: has_jobset(live_cluster, ns, "allowed"), "the allowed training's JobSet")
-        assert (condition(live_cluster, ns, "allowed", "Valid") or {}).get("reason") == "SpecValid"
+        # The JobSet is created before the status that says so is written.
+        wait_for(lambda: (condition(live_cluster, ns, "allowed", "Valid") or {}).get("reason") == "SpecValid",
+                 "the allowed training Valid")
         # Nothing was created for the forbidden one.
         assert set(live_cluster.jobsets(ns)) == {"allowed"}
         assert set(live_cluster.configmaps(ns)) == {"allowed-config"}
@@ -205,7 +207,9 @@ def test_each_rule_refuses_its_training_and_a_namespace_entry_overrides(live_clu
             live_cluster.create_training(ns, with_changes(allowed, name, changes))
         live_cluster.create_training(ns, allowed)
         wait_for(lambda: has_jobset(live_cluster, ns, "allowed"), "the allowed training's JobSet")
-        assert (condition(live_cluster, ns, "allowed", "Valid") or {}).get("reason") == "SpecValid"
+        # The JobSet is created before the status that says so is written.
+        wait_for(lambda: (condition(live_cluster, ns, "allowed", "Valid") or {}).get("reason") == "SpecValid",
+                 "the allowed training Valid")
 
         problems = []
         for name, (_, expected) in cases.items():

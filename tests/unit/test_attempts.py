@@ -167,3 +167,16 @@ def test_the_jobset_fails_by_its_own_rule_only_on_the_codes_its_pod_failure_poli
     cuda = pod_failure(pod(terminated={"exitCode": 80, "message": termination_message("CudaOutOfMemory", "x")}))
     oom = pod_failure(pod(terminated={"exitCode": 137, "reason": "OOMKilled"}))
     assert fails_by_its_own_rule(rendered, cuda) and not fails_by_its_own_rule(rendered, oom)
+
+
+def test_a_stop_is_said_once_per_training_and_reason_however_many_pods_report_it():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rosetta_operator.observation import FirstTimes
+
+    said = FirstTimes(limit=2)
+    with ThreadPoolExecutor(8) as pool:
+        firsts = list(pool.map(lambda _: said.first("uid-1", "ImagePullFailed"), range(16)))
+    assert firsts.count(True) == 1
+    assert said.first("uid-1", "OOMKilled") and said.first("uid-2", "ImagePullFailed")
+    assert said.first("uid-1", "ImagePullFailed")  # forgotten past the limit
