@@ -30,8 +30,6 @@ _PRECEDENCE = (
     FailureClass.NODE_UNHEALTHY, FailureClass.NODE_LOST, FailureClass.PREEMPTED, FailureClass.COLLECTIVE_TIMEOUT,
     FailureClass.STALLED, FailureClass.ERROR,
 )
-# Restarts the JobSet does not count towards maxRestarts (its preemption rule).
-FREE_RESTARTS = frozenset({FailureClass.NODE_LOST, FailureClass.PREEMPTED})
 
 
 @dataclass(frozen=True)
@@ -193,32 +191,5 @@ def _bounded(attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return attempts[-MAX_ATTEMPTS:]
 
 
-def last_failure(attempts: Iterable[Mapping[str, Any]]) -> Optional[Mapping[str, Any]]:
-    """The newest ended attempt that did not succeed."""
-    ended = [a for a in attempts if a.get("endTime") and a.get("reason") not in (None, SUCCEEDED)]
-    return ended[-1] if ended else None
-
-
 SUCCEEDED = "Succeeded"
 
-
-class FailedPods:
-    """The failure class last seen per pod uid: what makes a pod event news (a pod reports its
-    failure in several events: terminated, then its conditions, then its deletion). Bounded, the
-    oldest forgotten first. Not thread-safe: one event loop calls it."""
-
-    def __init__(self, limit: int = 4096):
-        self.limit = limit
-        self._seen: dict[str, str] = {}
-
-    def news(self, uid: str, failure: Optional[Failure]) -> Optional[Failure]:
-        if failure is None or self._seen.get(uid) == failure.failure_class:
-            return None
-        self._seen.pop(uid, None)
-        self._seen[uid] = failure.failure_class
-        while len(self._seen) > self.limit:
-            del self._seen[next(iter(self._seen))]
-        return failure
-
-    def forget(self, uid: str) -> None:
-        self._seen.pop(uid, None)

@@ -13,7 +13,6 @@ the pods.
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any, Mapping, Optional, cast
 
 import kopf
@@ -28,6 +27,7 @@ from rosetta_operator import progress as pr
 from rosetta_operator.api_calls import get_jobset, get_workload, now, set_jobset_suspend
 from rosetta_operator.attempts import SUCCEEDED, Failure, attempt_failure, record_end, record_start
 from rosetta_operator.conditions import TRUE
+from rosetta_operator.event_memory import Decisions
 from rosetta_operator.jobset_status import observe_jobset, queue_of, restart_counts, shows_failure, workload_inactive
 from rosetta_operator.names import TRAINER_CONTAINER
 from rosetta_operator.node_health import exclude, max_excluded
@@ -95,7 +95,7 @@ def stop_for_good(api: kubernetes.client.ApiClient, namespace: str, jobset_name:
         return None
     if not jobset_finished(jobset) and not fails_by_its_own_rule(jobset, failure):
         set_jobset_suspend(api, namespace, jobset_name, True)
-    if STOP_EVENTS.first(parent["metadata"].get("uid"), failure.failure_class):
+    if STOP_EVENTS.changed(str(parent["metadata"].get("uid")), failure.failure_class):
         kopf.warn(cast(kopf.Body, parent), reason=failure_reason(failure.failure_class), message=failure.message)
     failures, preemptions = restart_counts(jobset)
     observation = observe_failure(failure.failure_class, failure.message, restarts=failures,
@@ -132,28 +132,9 @@ def record_pod_failure(api: kubernetes.client.ApiClient, parent: Mapping[str, An
     return desired
 
 
-class FirstTimes:
-    """Which (training, reason) pairs were said already, so that each stop is one Warning event. The
-    gang's pods report one by one, on worker threads at once, each computing the same stop before
-    either write lands (and a 409 retries compute). Bounded, the oldest forgotten first; lost on an
-    operator restart, after which a stop is said at most once more."""
-
-    def __init__(self, limit: int = 4096):
-        self.limit = limit
-        self._seen: dict[tuple[Any, str], None] = {}
-        self._lock = threading.Lock()
-
-    def first(self, uid: Any, reason: str) -> bool:
-        with self._lock:
-            if (uid, reason) in self._seen:
-                return False
-            self._seen[(uid, reason)] = None
-            while len(self._seen) > self.limit:
-                del self._seen[next(iter(self._seen))]
-            return True
-
-
-STOP_EVENTS = FirstTimes()
+# What each training's stop for good was said as (one Warning event): the gang's pods report at once,
+# on worker threads, each computing the same stop before either status write lands.
+STOP_EVENTS = Decisions()
 
 
 def fails_by_its_own_rule(jobset: Mapping[str, Any], failure: Failure) -> bool:

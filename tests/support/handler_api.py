@@ -16,7 +16,6 @@ import pytest
 from kubernetes.client.rest import ApiException
 
 from rosetta_operator import event_memory, handlers
-from rosetta_operator.attempts import FailedPods
 from rosetta_operator.scheduling_status import UnschedulablePods
 from support.cel_cases import BASE, SHARED_CHECKPOINTS
 
@@ -125,7 +124,7 @@ def warnings(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
 
 def memo(api: FakeAPI) -> kopf.Memo:
     return kopf.Memo(api_client=SimpleNamespace(sanitize_for_serialization=lambda o: o), allow_host_path=False,
-                     own_creations=event_memory.OwnCreations(), unschedulable_pods=UnschedulablePods(), failed_pods=FailedPods(),
+                     own_creations=event_memory.OwnCreations(), unschedulable_pods=UnschedulablePods(), failed_pods=event_memory.Decisions(),
                      workload_decisions=event_memory.Decisions())
 
 

@@ -7,9 +7,7 @@ import pytest
 from rosetta_contract.failures import CLASS_EXITS, FailureClass, parse_termination_message, termination_message
 from rosetta_operator.attempts import (
     MAX_ATTEMPTS,
-    FailedPods,
     attempt_failure,
-    last_failure,
     pod_failure,
     record_end,
     record_start,
@@ -114,7 +112,7 @@ def test_attempts_record_start_end_and_a_more_specific_reason_later():
     # A vaguer word afterwards does not replace it.
     attempts = record_end(attempts, 0, now="t3", reason=FailureClass.ERROR)
     assert attempts[0]["reason"] == "OOMKilled"
-    assert last_failure(record_start(attempts, 1, now="t4"))["attempt"] == 0
+    assert record_start(attempts, 1, now="t4")[0] == attempts[0]  # the next attempt leaves it as it was
 
 
 def test_attempts_keep_the_newest_only():
@@ -125,12 +123,13 @@ def test_attempts_keep_the_newest_only():
 
 
 def test_a_pods_failure_is_news_once_per_class():
-    seen = FailedPods(limit=2)
+    from rosetta_operator.event_memory import Decisions
+
+    seen = Decisions(limit=2)  # what the pod watch keeps (memo.failed_pods)
     oom = pod_failure(pod(terminated={"exitCode": 137, "reason": "OOMKilled"}))
-    assert seen.news("a", oom) is oom and seen.news("a", oom) is None
-    assert seen.news("b", oom) is oom and seen.news("c", oom) is oom
-    assert seen.news("a", oom) is oom  # forgotten, the oldest, past the limit
-    assert seen.news("a", None) is None
+    assert seen.changed("a", oom.failure_class) and not seen.changed("a", oom.failure_class)
+    assert seen.changed("b", oom.failure_class) and seen.changed("c", oom.failure_class)
+    assert seen.changed("a", oom.failure_class)  # forgotten, the oldest, past the limit
 
 
 def jobset(restarts=0, counted=None):
@@ -172,11 +171,11 @@ def test_the_jobset_fails_by_its_own_rule_only_on_the_codes_its_pod_failure_poli
 def test_a_stop_is_said_once_per_training_and_reason_however_many_pods_report_it():
     from concurrent.futures import ThreadPoolExecutor
 
-    from rosetta_operator.observation import FirstTimes
+    from rosetta_operator.event_memory import Decisions
 
-    said = FirstTimes(limit=2)
+    said = Decisions(limit=2)  # observation.STOP_EVENTS
     with ThreadPoolExecutor(8) as pool:
-        firsts = list(pool.map(lambda _: said.first("uid-1", "ImagePullFailed"), range(16)))
+        firsts = list(pool.map(lambda _: said.changed("uid-1", "ImagePullFailed"), range(16)))
     assert firsts.count(True) == 1
-    assert said.first("uid-1", "OOMKilled") and said.first("uid-2", "ImagePullFailed")
-    assert said.first("uid-1", "ImagePullFailed")  # forgotten past the limit
+    assert said.changed("uid-1", "OOMKilled") and said.changed("uid-2", "ImagePullFailed")
+    assert said.changed("uid-3", "ImagePullFailed") and said.changed("uid-1", "OOMKilled")  # forgotten past the limit

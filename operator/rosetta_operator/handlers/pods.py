@@ -42,7 +42,10 @@ async def on_pod_event(event: Mapping[str, Any], body: kopf.Body, namespace: str
     if jobset_name and event.get("type") != "DELETED" and node_health.gated(body):
         await asyncio.get_running_loop().run_in_executor(
             None, contextvars.copy_context().run, lift_gate, memo.api_client, namespace, copy.deepcopy(dict(body)))
-    failure = memo.failed_pods.news(uid, pod_failure(body)) if jobset_name else None
+    failure = pod_failure(body) if jobset_name else None
+    # A pod reports its failure in several events (terminated, its conditions, its deletion).
+    if failure is not None and not memo.failed_pods.changed(uid, failure.failure_class):
+        failure = None
     if failure is not None:
         try:
             await asyncio.get_running_loop().run_in_executor(

@@ -21,7 +21,6 @@ from rosetta_operator.api_calls import (
     KUEUE_VERSION,
     WORKLOAD_PLURAL,
 )
-from rosetta_operator.attempts import FailedPods
 from rosetta_operator.event_memory import Decisions, OwnCreations
 from rosetta_operator.names import TRAINING_LABEL
 from rosetta_operator.operator_metrics import (
@@ -114,7 +113,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
     memo.api_client = kubernetes.client.ApiClient()
     memo.own_creations = OwnCreations()
     memo.unschedulable_pods = UnschedulablePods()
-    memo.failed_pods = FailedPods()
+    memo.failed_pods = Decisions()
     memo.workload_decisions = Decisions()
     if memo.get("metrics_port"):
         prometheus_client.start_http_server(memo.metrics_port)
