@@ -1,7 +1,9 @@
 """Exit codes: how a trainer pod tells the operator why it stopped (with the termination message),
 and which error ends a `rosetta` command with which status."""
 
+import os
 import sys
+from typing import Mapping
 
 # sysexits.h EX_DATAERR: "the input data was incorrect in some way". The JobSet's pod failure policy
 # turns it into a failed training without restarts (stage_job.py, failure_policies.py).
@@ -12,6 +14,16 @@ TERMINATION_LOG_ENV = "ROSETTA_TERMINATION_LOG"
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 # The kubelet keeps at most 4096 bytes of a termination message.
 MAX_TERMINATION_MESSAGE = 4096
+
+
+def termination_log(environ: Mapping[str, str] | None = None) -> str | None:
+    """Where a pod's termination message goes, or None: only in a pod (the kubelet creates the file)
+    or where $ROSETTA_TERMINATION_LOG names one, so that a laptop run never creates /dev/termination-log."""
+    env = os.environ if environ is None else environ
+    path = env.get(TERMINATION_LOG_ENV) or DEFAULT_TERMINATION_LOG
+    if TERMINATION_LOG_ENV not in env and not os.path.exists(path):
+        return None
+    return path
 
 # A document, a policy or a place the run cannot use: fix the input and run again.
 CONFIG_EXIT = 2

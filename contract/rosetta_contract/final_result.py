@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 from typing import Any, Mapping, Optional
 
-from rosetta_contract.exits import DEFAULT_TERMINATION_LOG, MAX_TERMINATION_MESSAGE, TERMINATION_LOG_ENV
+from rosetta_contract import exits
+from rosetta_contract.exits import MAX_TERMINATION_MESSAGE
 
 RESULT_PREFIX = "Result: "
 # summary.json key -> status.progress field
@@ -39,8 +39,8 @@ def result_of(summary: Mapping[str, Any]) -> dict[str, Any]:
 def report(summary: Mapping[str, Any]) -> None:
     """Write the final figures as the termination message: only in a pod (the kubelet creates the
     file) or where $ROSETTA_TERMINATION_LOG names one."""
-    path = os.environ.get(TERMINATION_LOG_ENV) or DEFAULT_TERMINATION_LOG
-    if TERMINATION_LOG_ENV not in os.environ and not os.path.exists(path):
+    path = exits.termination_log()
+    if path is None:
         return
     text = RESULT_PREFIX + json.dumps(result_of(summary), separators=(",", ":"))
     try:
@@ -51,8 +51,8 @@ def report(summary: Mapping[str, Any]) -> None:
 
 
 def _write(text: str) -> None:
-    path = os.environ.get(TERMINATION_LOG_ENV) or DEFAULT_TERMINATION_LOG
-    if TERMINATION_LOG_ENV not in os.environ and not os.path.exists(path):
+    path = exits.termination_log()
+    if path is None:
         return
     try:
         with open(path, "w", encoding="utf-8") as f:

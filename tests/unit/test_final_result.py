@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from rosetta_contract import exits
 from rosetta_contract import final_result as fr
 from rosetta_operator.progress import final_progress, final_result
 
@@ -30,7 +31,7 @@ def test_report_writes_one_line_the_operator_parses_back(tmp_path, monkeypatch):
 
 def test_report_outside_a_pod_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.delenv("ROSETTA_TERMINATION_LOG", raising=False)
-    monkeypatch.setattr(fr, "DEFAULT_TERMINATION_LOG", str(tmp_path / "absent"))
+    monkeypatch.setattr(exits, "DEFAULT_TERMINATION_LOG", str(tmp_path / "absent"))
     fr.report(SUMMARY)
     assert not (tmp_path / "absent").exists()
 

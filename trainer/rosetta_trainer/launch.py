@@ -27,7 +27,7 @@ import threading
 from pathlib import Path
 from typing import BinaryIO, Mapping, Optional
 
-from rosetta_contract.exits import DEFAULT_TERMINATION_LOG, MAX_TERMINATION_MESSAGE, TERMINATION_LOG_ENV
+from rosetta_contract.exits import MAX_TERMINATION_MESSAGE, termination_log
 from rosetta_contract.failures import (
     ATTEMPT_ENV,
     CLASS_EXITS,
@@ -217,8 +217,10 @@ class Launcher:
         """The failure class's code when the trainer named one, else the command's."""
         if code == 0:
             return 0
-        path = self.environ.get(TERMINATION_LOG_ENV) or DEFAULT_TERMINATION_LOG
+        path = termination_log(self.environ)
         try:
+            if path is None:
+                raise FileNotFoundError("not in a pod")
             with open(path, encoding="utf-8", errors="replace") as f:
                 parsed = parse_termination_message(f.read(MAX_TERMINATION_MESSAGE))
         except OSError:

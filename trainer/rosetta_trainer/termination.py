@@ -6,21 +6,11 @@ the class's code (rosetta_contract.failures, launch.py). Torch-free.
 from __future__ import annotations
 
 import logging
-import os
 
-from rosetta_contract.exits import DEFAULT_TERMINATION_LOG, MAX_TERMINATION_MESSAGE, TERMINATION_LOG_ENV
+from rosetta_contract.exits import MAX_TERMINATION_MESSAGE, termination_log
 from rosetta_contract.failures import parse_termination_message, termination_message
 
 log = logging.getLogger(__name__)
-
-
-def termination_log() -> str | None:
-    """The file, or None: written only in a pod (the kubelet creates it) or where
-    $ROSETTA_TERMINATION_LOG names one, so that a laptop run never creates /dev/termination-log."""
-    path = os.environ.get(TERMINATION_LOG_ENV) or DEFAULT_TERMINATION_LOG
-    if TERMINATION_LOG_ENV not in os.environ and not os.path.exists(path):
-        return None
-    return path
 
 
 def write_termination_message(failure_class: str, message: str) -> None:
