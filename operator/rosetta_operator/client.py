@@ -10,9 +10,9 @@
 
 `rosetta submit|get|status|logs|wait|delete|suspend|resume` call these methods and print what they
 return, so the command line and a script do the same thing. Every failure is a `RosettaError`
-(kube.VerbError) carrying the command line's exit status: `TrainingNotFound`, `WaitTimeout`,
-`TrainingEnded`, `ClusterError` (1) and `InvalidArgument` (2); an invalid TranslationTraining is a
-rosetta_contract `ConfigError` (2), as with `rosetta validate`.
+(kube.VerbError) carrying the command line's exit status (client_errors.py); an invalid
+TranslationTraining is a rosetta_contract `ConfigError` (2), as with `rosetta validate`. What
+`wait` waits for is in wait_goals.py, what the calls return in client_results.py.
 
 Module-level imports stay light (no kubernetes): `rosetta_operator` exports this class, and every
 `rosetta` command imports that package.
@@ -24,159 +24,20 @@ import builtins
 import contextlib
 import os
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Optional, Protocol, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Optional, Union
 
-from rosetta_contract.resource import KIND, PHASES, Phase
-from rosetta_operator.kube import FAILED, INVALID, RESOURCE, Cluster, VerbError, not_found
+from rosetta_contract.resource import KIND, Phase
+from rosetta_operator.client_errors import ClusterError, InvalidArgument, TrainingEnded, TrainingNotFound, WaitTimeout
+from rosetta_operator.client_results import TrainingList, TrainingStatus, WatchEvent
+from rosetta_operator.kube import FAILED, RESOURCE, Cluster, VerbError, not_found
+from rosetta_operator.wait_goals import Deleted, Goal, condition_goal, phase_goal
 
 if TYPE_CHECKING:
     from rosetta_contract.spec import TranslationTraining
 
-RosettaError = VerbError
-
 # What `submit` takes: a file (`-` for standard input is the command line's), the parsed model, or
 # the document as a mapping.
 Source = Union[str, "os.PathLike[str]", "TranslationTraining", Mapping[str, Any]]
-
-
-class TrainingNotFound(VerbError):
-    """No training of that name in the client's namespace."""
-
-
-class WaitTimeout(VerbError):
-    """`wait` ran out of time."""
-
-
-class TrainingEnded(VerbError):
-    """The training finished in a phase other than the one waited for (`phase` says which)."""
-
-    def __init__(self, message: str, phase: str):
-        super().__init__(message)
-        self.phase = phase
-
-
-class InvalidArgument(VerbError):
-    """An argument no cluster could satisfy (a phase that does not exist, a bad selector)."""
-
-    def __init__(self, message: str):
-        super().__init__(message, INVALID)
-
-
-class ClusterError(VerbError):
-    """What the apiserver said (forbidden, a conflict, the CRD missing) or that it could not be reached."""
-
-
-# -------------------------------------------------------------------------------- wait goals
-
-
-class Goal(Protocol):
-    """What `wait` waits for: met by the training as read (None: it is gone)."""
-
-    def met(self, obj: Optional[Mapping[str, Any]]) -> bool: ...
-
-
-class PhaseGoal:
-    def __init__(self, phase: str):
-        self.phase = phase
-
-    def met(self, obj: Optional[Mapping[str, Any]]) -> bool:
-        return obj is not None and (obj.get("status") or {}).get("phase") == self.phase
-
-    def __str__(self) -> str:
-        return f"phase {self.phase}"
-
-
-class ConditionGoal:
-    def __init__(self, type_: str, status: str):
-        self.type, self.status = type_, status
-
-    def met(self, obj: Optional[Mapping[str, Any]]) -> bool:
-        conditions = ((obj or {}).get("status") or {}).get("conditions") or []
-        return any(c.get("type") == self.type and str(c.get("status")).lower() == self.status.lower()
-                   for c in conditions)
-
-    def __str__(self) -> str:
-        return f"condition {self.type}={self.status}"
-
-
-class Deleted:
-    def met(self, obj: Optional[Mapping[str, Any]]) -> bool:
-        return obj is None
-
-    def __str__(self) -> str:
-        return "deletion"
-
-
-def phase_goal(phase: str, what: str = "phase") -> PhaseGoal:
-    """The phase as the CRD spells it, whatever the case it was given in."""
-    found = next((p for p in PHASES if p.lower() == phase.lower()), None)
-    if found is None:
-        raise InvalidArgument(f"{what}: the phases are {', '.join(PHASES)}")
-    return PhaseGoal(found)
-
-
-def condition_goal(condition: str, what: str = "condition") -> ConditionGoal:
-    """`TYPE` or `TYPE=STATUS` (STATUS True, False or Unknown; default True)."""
-    type_, _, status = condition.partition("=")
-    if not type_:
-        raise InvalidArgument(f"{what}: expected TYPE or TYPE=STATUS")
-    if status and status.lower() not in ("true", "false", "unknown"):
-        raise InvalidArgument(f"{what}: a condition's status is True, False or Unknown")
-    return ConditionGoal(type_, status or "True")
-
-
-def parse_for(text: str) -> Goal:
-    """`--for` as kubectl wait takes it: phase=Succeeded, condition=Running[=False], delete."""
-    key, _, value = text.partition("=")
-    if key == "delete" and not value:
-        return Deleted()
-    if key == "phase":
-        return phase_goal(value, f"--for {text}")
-    if key == "condition" and value:
-        return condition_goal(value, f"--for {text}")
-    raise InvalidArgument(f"--for {text}: expected phase=PHASE, condition=TYPE[=STATUS] or delete")
-
-
-# ---------------------------------------------------------------------------------- results
-
-
-class TrainingList(list[dict[str, Any]]):
-    """Trainings as the API lists them, with the list's resourceVersion (where `watch` starts)."""
-
-    def __init__(self, items: Iterable[dict[str, Any]], resource_version: str = ""):
-        super().__init__(items)
-        self.resource_version = resource_version
-
-
-@dataclass(frozen=True)
-class WatchEvent:
-    type: str  # ADDED, MODIFIED or DELETED
-    training: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class TrainingStatus:
-    """What `rosetta status NAME` shows. `events`: the training's, its JobSet's and its pods' recent
-    events, oldest first, as describe.event_summary() gives them."""
-
-    name: str
-    namespace: str
-    phase: Optional[str]
-    message: Optional[str]
-    progress: dict[str, Any]
-    eta_seconds: Optional[float]
-    restarts: int
-    preemptions: int
-    last_checkpoint: Optional[str]
-    last_checkpoint_step: Optional[int]
-    conditions: list[dict[str, Any]]
-    events: list[dict[str, Any]]
-    training: dict[str, Any] = field(repr=False)  # the object as the API returned it
-
-    @property
-    def finished(self) -> bool:
-        return self.phase in Phase.TERMINAL
 
 
 class Client:
@@ -186,7 +47,7 @@ class Client:
 
     def __init__(self, kubeconfig: Optional[str] = None, context: Optional[str] = None,
                  namespace: Optional[str] = None, *, cluster: Optional[Cluster] = None):
-        from rosetta_operator.kube import connect
+        from rosetta_operator.kubeconfig import connect
 
         self.cluster = cluster if cluster is not None else connect(kubeconfig, context, namespace)
         self._namespace_given = namespace  # a document's own namespace must match it
@@ -204,7 +65,7 @@ class Client:
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
-        from rosetta_operator.kube import api_error
+        from rosetta_operator.cluster_errors import api_error
 
         try:
             yield

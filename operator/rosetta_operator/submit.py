@@ -63,13 +63,20 @@ def apply_documents(cluster: Cluster, documents: list[dict[str, Any]], *, force:
     from kubernetes.dynamic import DynamicClient
     from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
 
+    from rosetta_operator.cluster_errors import no_crd
+
     client = DynamicClient(cluster.api)
+    # Every kind looked up before anything is applied: a cluster without the CRD leaves no claim
+    # of the file behind, and says so as every other verb does.
+    resources = []
     for doc in documents:
         try:
-            resource = client.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+            resources.append(client.resources.get(api_version=doc["apiVersion"], kind=doc["kind"]))
         except ResourceNotFoundError:
-            hint = " (install the CRD: kubectl apply -f manifests/crd.yaml, or the Helm chart)" if doc["kind"] == KIND else ""
-            raise VerbError(f"the cluster has no {doc['kind']} in {doc['apiVersion']}{hint}") from None
+            if doc["kind"] == KIND:
+                raise no_crd(cluster) from None
+            raise VerbError(f"the cluster has no {doc['kind']} in {doc['apiVersion']}") from None
+    for resource, doc in zip(resources, documents):
         name, ns = doc["metadata"]["name"], None
         if resource.namespaced:
             own = doc["metadata"].get("namespace")

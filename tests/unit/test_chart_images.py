@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rosetta_contract.documents import deep_merge
 from rosetta_operator.handlers import DEFAULT_IMAGE_ENV
 from support.chart import (
     CHART,
@@ -25,9 +26,11 @@ from support.chart import (
     RenderError,
     expand,
     helm_installs,
+    load_values,
     page_variables,
     parse_set,
     render,
+    render_files,
     render_install,
     shell_blocks,
 )
@@ -167,3 +170,69 @@ def test_set_parser_reads_what_helm_reads():
     assert parse_set(r"annotations.eks\.amazonaws\.com/role-arn=arn") == {
         "annotations": {"eks.amazonaws.com/role-arn": "arn"}}
     assert parse_set("tag=1", strings=True) == {"tag": "1"}
+
+
+# ---------------------------------------------------------------------- NOTES.txt, the OCI chart
+
+
+@pytest.mark.parametrize("cloud", sorted(GUIDES))
+def test_the_guides_notes_start_a_quickstart_on_the_pushed_trainer(cloud):
+    """NOTES.txt points at quickstart-cpu.yaml, which has no spec.image: it runs the chart's default
+    trainer image, so that must be the one the guide pushed, and no placeholder is left to read."""
+    page = GUIDES[cloud]
+    install = cloud_install(page, CLOUD_VALUES[cloud])
+    values: dict = {}
+    for path in install.values_files:
+        values = deep_merge(values, load_values(path))
+    notes = render_files(deep_merge(values, install.values), namespace=install.namespace,
+                         api_versions=MONITORING_APIS)["rosetta/templates/NOTES.txt"]
+    assert not PLACEHOLDER.findall(notes), notes
+    (trainer,) = [image for image in pushed_by(page) if "/rosetta-trainer:" in image]
+    assert f"Trainings without spec.image run {trainer}." in notes
+    (namespace,) = install.values["watchNamespaces"]
+    assert f"kubectl apply -n {namespace} -f manifests/examples/quickstart-cpu.yaml" in notes
+    quickstart = [d for d in yaml.safe_load_all((REPO / "manifests/examples/quickstart-cpu.yaml").read_text())
+                  if d and d["kind"] == "TranslationTraining"]
+    assert quickstart and not any(d["spec"].get("image") for d in quickstart)
+
+
+def oci_install() -> tuple[str, str, dict, list[Path]]:
+    """helm.md's `helm install rosetta oci://…`: (chart reference, --version, --set values, -f files
+    as they are in the pulled chart)."""
+    (line,) = [line for block in shell_blocks(HELM_DOC) for line in block.splitlines()
+               if line.split()[:2] == ["helm", "install"] and "oci://" in line]
+    words = shlex.split(line, comments=True)
+    reference = next(w for w in words if w.startswith("oci://"))
+    version, values, files = "", {}, []
+    for flag, value in zip(words, words[1:]):
+        if flag == "--version":
+            version = value
+        elif flag == "--set":
+            values = deep_merge(values, parse_set(value))
+        elif flag in ("-f", "--values"):
+            files.append(CHART / value)
+    return reference, version, values, files
+
+
+def test_helm_doc_installs_the_chart_from_where_build_and_push_pushes_it():
+    reference, version, values, files = oci_install()
+    found = re.fullmatch(r"oci://(\d+)\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com/(.+)/charts/rosetta", reference)
+    assert found, reference
+    account, region, repo = found.groups()
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PROJECT_ID", "AWS_ACCOUNT_ID", "REGISTRY", "IMAGE_NAME", "TARGETS")}
+    run = subprocess.run(["bash", str(REPO / "build_and_push.sh"), "--dry-run"], capture_output=True, text=True,
+                         env={**env, "AWS_ACCOUNT_ID": account, "AWS_REGION": region, "REPO_NAME": repo,
+                              "TAG": version, "TARGETS": "trainer operator chart"}, timeout=60)
+    assert run.returncode == 0, run.stderr
+    pushed = [line.split()[-1] for line in run.stdout.splitlines() if line.startswith("docker push ")]
+    (chart_push,) = [line for line in run.stdout.splitlines() if line.startswith("helm push ")]
+    assert chart_push.endswith(f"/rosetta-{version}.tgz {reference.rsplit('/', 1)[0]}"), chart_push
+    # The images named are the ones pushed beside the chart, at its appVersion (the same tag).
+    assert sorted(f"{r}:{version}" for r in (values["image"]["repository"],
+                                             values["trainer"]["image"]["repository"])) == sorted(pushed)
+    assert [f.name for f in files] == ["values-eks.yaml"] and all(f.exists() for f in files)
+    objects = render(values, values_files=files, api_versions=MONITORING_APIS, tests=True)
+    assert not PLACEHOLDER.findall(yaml.safe_dump_all(objects))
+    assert images(objects) == tuple(f"{r}:{version}" for r in (values["image"]["repository"],
+                                                                 values["trainer"]["image"]["repository"]))

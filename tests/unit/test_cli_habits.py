@@ -18,8 +18,18 @@ import yaml
 
 import rosetta_operator.client as client_module
 from rosetta_cli.main import build_parser, completion_script, invoked_as, main
-from rosetta_operator import Client, InvalidArgument, TrainingEnded, TrainingNotFound, VerbError, describe, pod_logs
-from rosetta_operator.client import TrainingList, TrainingStatus, WatchEvent, parse_for
+from rosetta_operator import (
+    Client,
+    InvalidArgument,
+    TrainingEnded,
+    TrainingNotFound,
+    VerbError,
+    WaitTimeout,
+    describe,
+    pod_logs,
+)
+from rosetta_operator.client_results import TrainingList, TrainingStatus, WatchEvent
+from rosetta_operator.wait_goals import parse_for
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "manifests" / "examples" / "quickstart-cpu.yaml"
@@ -379,7 +389,7 @@ def test_wait_returns_the_training_or_says_why_not():
     assert exc.value.phase == "Failed" and "ended Failed: OOM" in str(exc.value) and exc.value.exit_code == 1
     with pytest.raises(TrainingNotFound):
         Client(cluster=WatchedCluster([None])).wait("mt")
-    with pytest.raises(client_module.WaitTimeout):
+    with pytest.raises(WaitTimeout):
         Client(cluster=WatchedCluster([pending])).wait("mt", timeout=1)
     assert Client(cluster=WatchedCluster([pending, None])).wait_deleted("mt") is None
     ready = training(conditions=[{"type": "Running", "status": "True"}])
@@ -474,3 +484,39 @@ def test_lines_raises_the_readers_error_and_stops_the_readers_when_left(monkeypa
     assert next(lines) == "tick"
     lines.close()
     assert stopped.wait(5)
+
+
+# ------------------------------------------------------------------------- the SDK's example
+
+
+def test_the_sdk_example_calls_the_client_as_it_is():
+    """examples/sdk_quickstart.py needs a cluster to run; its calls are checked against the client's
+    signatures instead: every method exists and takes the arguments given, every name imported from
+    rosetta_operator is exported, every attribute read of a status is a field."""
+    import ast
+    import dataclasses
+    import inspect
+
+    import rosetta_operator
+
+    tree = ast.parse((REPO / "examples" / "sdk_quickstart.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "rosetta_operator":
+            assert all(a.name in rosetta_operator.__all__ for a in node.names), ast.unparse(node)
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+             and isinstance(n.func.value, ast.Name) and n.func.value.id == "client"]
+    assert {c.func.attr for c in calls} >= {"submit", "wait", "list", "logs", "suspend", "resume", "watch",
+                                            "status", "delete"}
+    for call in calls:
+        method = getattr(Client, call.func.attr, None)
+        assert callable(method), f"Client has no {call.func.attr}()"
+        args = [None] * len(call.args)
+        kwargs = {k.arg: None for k in call.keywords if k.arg}
+        try:
+            inspect.signature(method).bind(None, *args, **kwargs)
+        except TypeError as exc:
+            pytest.fail(f"{ast.unparse(call)}: {exc}", pytrace=False)
+    fields = {f.name for f in dataclasses.fields(TrainingStatus)}
+    read = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+            and n.value.id == "status"}
+    assert read and read <= fields, read - fields

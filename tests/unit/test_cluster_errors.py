@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from rosetta_cli.main import main
-from rosetta_operator import kube
+from rosetta_operator import kube, kubeconfig
 
 LIST = {"apiVersion": "rosetta.dev/v1alpha1", "kind": "TranslationTrainingList", "metadata": {}, "items": []}
 TRAININGS = "/apis/rosetta.dev/v1alpha1/namespaces/default/translationtrainings"
@@ -173,7 +173,7 @@ def test_the_kubeconfigs_install_hint_wins(tmp_path):
     config = write_kubeconfig(tmp_path / "config", "https://127.0.0.1:6443", user=exec_user(
         "acme-login", installHint="Install acme-login from\nhttps://acme.example/cli."))
     with pytest.raises(kube.VerbError) as exc:
-        kube.connect(config)
+        kubeconfig.connect(config)
     assert exc.value.exit_code == 1
     assert str(exc.value).endswith("(not on PATH): Install acme-login from https://acme.example/cli; "
                                    "or choose another context with --context")
@@ -255,7 +255,7 @@ def test_kubeconfig_files_merge_as_kubectl_merges_them(tmp_path):
     second.write_text(yaml.safe_dump({**GOOD, "current-context": "other", "contexts": [
         {"name": "dev", "context": {"cluster": "c", "user": "u", "namespace": "theirs"}},
         {"name": "other", "context": {"cluster": "c", "user": "u"}}]}))
-    got = kube.connect(f"{first}:{second}")
+    got = kubeconfig.connect(f"{first}:{second}")
     assert (got.context, got.namespace) == ("dev", "mine")
 
 

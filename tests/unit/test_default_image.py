@@ -12,7 +12,7 @@ import subprocess
 import kopf
 import pytest
 
-from rosetta_contract.pod_fields import DEFAULT_IMAGE
+from rosetta_contract.trainer_pod import DEFAULT_IMAGE
 from rosetta_operator import handlers
 from support.chart import CHART, GUIDES, MONITORING_APIS, REPO, helm_installs, render, render_install
 from support.handler_api import NAME, api, memo, reconcile, training, warnings  # noqa: F401 - fixtures
@@ -147,3 +147,35 @@ def test_cloud_guides_take_both_images_from_one_registry(cloud):
     operator_image = deploy["spec"]["template"]["spec"]["containers"][0]["image"]
     trainer = operator_env(objects)[handlers.DEFAULT_IMAGE_ENV]
     assert operator_image.replace("/rosetta-operator:", "/rosetta-trainer:") == trainer
+
+
+def test_readmes_cluster_steps_give_the_operator_the_trainer_they_pushed():
+    """README's `rosetta operator` (step 3) runs trainings without spec.image, the quickstart among
+    them, on the trainer image its build_and_push.sh line (step 1) pushed, not the project's."""
+    import re
+    import shlex
+
+    block = (REPO / "README.md").read_text().split("## On a cluster", 1)[1].split("```bash\n", 1)[1].split("```")[0]
+    lines = block.splitlines()
+    (push,) = [line for line in lines if "./build_and_push.sh" in line]
+    words = shlex.split(push, comments=True)
+    pushed_env = dict(w.split("=", 1) for w in words[:words.index("./build_and_push.sh")])
+    env = {k: v for k, v in os.environ.items() if k not in ("PROJECT_ID", "AWS_ACCOUNT_ID", "IMAGE_NAME", "TARGETS")}
+    run = subprocess.run(["bash", str(REPO / "build_and_push.sh"), "--dry-run"], capture_output=True, text=True,
+                         env={**env, **pushed_env}, timeout=60)
+    assert run.returncode == 0, run.stderr
+    (trainer,) = [line.split()[-1] for line in run.stdout.splitlines()
+                  if line.startswith("docker push ") and "/rosetta-trainer:" in line]
+    (operator,) = [line for line in lines if re.match(r"rosetta operator\b", line)]
+    args = cli_parser().parse_args(shlex.split(operator, comments=True)[1:])
+    assert args.default_image == trainer, operator
+    helm = " ".join(line.lstrip("# ").rstrip("\\ ") for line in lines if line.startswith("#") and "--set" in line)
+    assert f"trainer.image.repository={trainer.rsplit(':', 1)[0]}" in helm, "the chart's alternative, too"
+
+
+def cli_parser() -> argparse.ArgumentParser:
+    from rosetta_operator.cli import add_commands
+
+    parser = argparse.ArgumentParser()
+    add_commands(parser.add_subparsers())
+    return parser

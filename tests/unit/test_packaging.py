@@ -375,3 +375,17 @@ def test_the_readme_layout_table_matches_the_folders():
     assert all((REPO / row).is_dir() for row in rows), [row for row in rows if not (REPO / row).is_dir()]
     # The contract and the command line sit beside the two sides, not inside either.
     assert {path.split("/")[0] for path in package_dirs} == {"contract", "cli", "operator", "trainer"}
+
+
+def test_the_kubectl_plugin_and_the_chart_say_how_they_are_installed():
+    """kubectl finds a plugin as any `kubectl-NAME` on PATH: the distribution installs one, the README
+    says with what and why there is no krew manifest, and helm.md installs the chart from the OCI
+    registry build_and_push.sh pushes it to (tests/unit/test_chart_images.py checks that reference)."""
+    scripts = PYPROJECT["project"]["scripts"]
+    assert scripts["kubectl-rosetta"] == scripts["rosetta"]
+    install = (REPO / "README.md").read_text().split("## Install", 1)[1].split("\n## ", 1)[0]
+    assert "pipx install 'rosetta-mt[operator]'" in install and "kubectl-rosetta" in install
+    assert "krew" in install, "the README says why there is no krew manifest"
+    assert "rosetta completion bash" in install
+    assert re.search(r"^helm install rosetta oci://\S+/charts/rosetta --version ", (REPO / "docs" / "helm.md").read_text(),
+                     re.M)

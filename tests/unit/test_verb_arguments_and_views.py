@@ -17,10 +17,12 @@ from rosetta_cli.main import build_parser, main
 from rosetta_contract.strict_model import ConfigError
 from rosetta_operator import describe
 from rosetta_operator.event_files import extract
-from rosetta_operator.kube import VerbError, connect
+from rosetta_operator.kube import VerbError
+from rosetta_operator.kubeconfig import connect
 from rosetta_operator.pod_logs import container_state, has_log, header, rank_pod
 from rosetta_operator.submit import kind_name, read_documents
-from rosetta_operator.verbs import duration_seconds, parse_for
+from rosetta_operator.verb_arguments import duration_seconds
+from rosetta_operator.wait_goals import parse_for
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "manifests" / "examples" / "quickstart-cpu.yaml"
