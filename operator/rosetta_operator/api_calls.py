@@ -12,13 +12,14 @@ import copy
 import datetime
 import json
 import logging
-from typing import Any, Callable, Mapping, NamedTuple, Optional, cast
+from typing import Any, Callable, Mapping, NamedTuple, Optional, TypeVar, Union, cast
 
 import kopf
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from rosetta_contract.resource import GROUP, KIND, PLURAL, VERSION
+from rosetta_operator.actions import Decision, Settled
 from rosetta_operator.conditions import FALSE, Cond, ConditionType, Reason, truncate, upsert_conditions
 from rosetta_operator.names import TRAINING_LABEL
 from rosetta_operator.operator_metrics import (
@@ -33,6 +34,7 @@ JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL = "jobset.x-k8s.io", "v1alpha2", "jo
 KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_PLURAL = "kueue.x-k8s.io", "v1beta1", "workloads"
 # Kueue labels each Workload with the uid of the job it admits.
 KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+Observed = TypeVar("Observed")
 
 
 def now() -> str:
@@ -40,9 +42,29 @@ def now() -> str:
 
 
 def write_status(api: kubernetes.client.ApiClient, namespace: str, name: str, uid: str,
-                 compute: Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, Any]], attempts: int = 8,
-                 parent: Optional[Mapping[str, Any]] = None) -> None:
-    """Compute the training's desired status, patch what changed, retry on conflict.
+                 compute: Callable[[Mapping[str, Any], Mapping[str, Any]], Union[dict[str, Any], Decision]],
+                 attempts: int = 8, parent: Optional[Mapping[str, Any]] = None) -> Optional[Settled]:
+    """Compute the training's desired status, patch what changed, retry on conflict; `compute`
+    (training, current status) is pure and may return a Decision with the actions for the caller
+    to carry out once this returns (act.py). None when the training is gone (or not `uid`'s)."""
+    return settle_status(api, namespace, name, uid, lambda _training: None,
+                         lambda _seen, training, current: compute(training, current), attempts=attempts, parent=parent)
+
+
+def settle_status(api: kubernetes.client.ApiClient, namespace: str, name: str, uid: str,
+                  gather: Callable[[Mapping[str, Any]], Observed],
+                  decide: Callable[[Observed, Mapping[str, Any], Mapping[str, Any]], Union[dict[str, Any], Decision]],
+                  *, attempts: int = 8, parent: Optional[Mapping[str, Any]] = None,
+                  gather_again: bool = False) -> Optional[Settled]:
+    """Gather, decide, write: `gather(training)` reads the cluster into an observation, once;
+    `decide(observation, training, current status)` is pure, and a 409 conflict runs it again on
+    the training read afresh. Nothing here acts: the caller carries out the returned actions once
+    the status that asked for them is written (or already says it), so a retried write repeats no
+    suspend and no event. None when the training is gone (or not `uid`'s).
+
+    `gather_again`: after a conflict, gather once more first (reads only). The writer that won may
+    have seen a newer JobSet than the one this call read; a decision on the older one would undo
+    its status. Not for a JobSet that came with the event: a newer one comes as a later event.
 
     `parent` is the training as the caller already has it (kopf's body): the first attempt uses it
     instead of a read. That is safe because the patch carries its resourceVersion: if the training
@@ -50,33 +72,39 @@ def write_status(api: kubernetes.client.ApiClient, namespace: str, name: str, ui
     """
     custom = kubernetes.client.CustomObjectsApi(api)
     known = copy.deepcopy(dict(parent)) if parent is not None else None
+    seen: list[Observed] = []
     for _attempt in range(attempts):
         if known is not None:
             parent, known = known, None
         else:
             parent = get_training(api, namespace, name)
             if parent is None:
-                return
+                return None
         meta = parent["metadata"]
         if meta["uid"] != uid or meta.get("deletionTimestamp"):
-            return  # a newer object with the same name, or on its way out: not ours to describe
+            return None  # a newer object with the same name, or on its way out: not ours to describe
+        if not seen or gather_again:
+            seen[:] = [gather(parent)]
         current = parent.get("status") or {}
-        patch = status_patch(current, compute(parent, current))
+        decided = decide(seen[0], parent, current)
+        decision = decided if isinstance(decided, Decision) else Decision(decided)
+        patch = status_patch(current, decision.status)
         if patch is None:
-            return
+            return Settled(parent, decision.status, decision.actions)
         body = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": patch}
         try:
             custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name, body)
-            STATUS_PATCHES.inc()
-            if patch.get("startTime") and not current.get("startTime"):
-                observe_time_to_running(meta.get("creationTimestamp"), patch["startTime"])
-            record_status_change(current, {**current, **patch})
-            return
         except ApiException as exc:
             if exc.status == 404:
-                return  # deleted since the parent was read: nothing left to describe
+                return None  # deleted since the parent was read: nothing left to describe
             if exc.status != 409:
                 raise
+            continue
+        STATUS_PATCHES.inc()
+        if patch.get("startTime") and not current.get("startTime"):
+            observe_time_to_running(meta.get("creationTimestamp"), patch["startTime"])
+        record_status_change(current, {**current, **patch})
+        return Settled(parent, decision.status, decision.actions)
     raise kopf.TemporaryError(f"status of {namespace}/{name} kept changing; retrying", delay=1)
 
 

@@ -1,5 +1,5 @@
 """Why an attempt of a gang ended, read from its pods, and `status.attempts`, the record of every
-attempt that outlives the pods. Pure: the handlers and observation.py bring the pods and the clock.
+attempt that outlives the pods. Pure: the handlers and observation.py bring the pods, decide.py the clock.
 
 The JobSet says only that a job failed; the pods say why, and the most specific pod wins: a rank
 that runs out of memory makes the others' collectives time out, a preempted pod's peers are
@@ -142,14 +142,14 @@ def pod_failure(pod: Mapping[str, Any]) -> Optional[Failure]:
     return None
 
 
-def _rank(failure: Failure) -> int:
-    return _PRECEDENCE.index(failure.failure_class) if failure.failure_class in _PRECEDENCE else len(_PRECEDENCE)
+def _rank(failure_class: str) -> int:
+    return _PRECEDENCE.index(failure_class) if failure_class in _PRECEDENCE else len(_PRECEDENCE)
 
 
 def most_specific(failures: Iterable[Optional[Failure]]) -> Optional[Failure]:
     """The failure that says most about why the attempt ended (ties: the lowest node rank)."""
     known = [f for f in failures if f is not None]
-    return min(known, key=lambda f: (_rank(f), f.node_rank if f.node_rank is not None else 1 << 30, f.pod),
+    return min(known, key=lambda f: (_rank(f.failure_class), f.node_rank if f.node_rank is not None else 1 << 30, f.pod),
                default=None)
 
 
@@ -176,7 +176,7 @@ def record_end(attempts: Iterable[Mapping[str, Any]], attempt: int, *, now: str,
     out = record_start(attempts, attempt, now=now)
     entry = next(a for a in out if a.get("attempt") == attempt)
     known = entry.get("reason")
-    if failure is not None and (known is None or _rank(failure) < _rank(Failure(known, "", ""))):
+    if failure is not None and (known is None or _rank(failure.failure_class) < _rank(known)):
         entry.update(failure.record())
     elif known is None:
         entry["reason"] = reason

@@ -176,7 +176,7 @@ def observe_jobset(jobset: Optional[Mapping[str, Any]], *, previous_phase: Optio
     queued beats restarting beats running. `jobset=None` means it is gone: after a finish that is
     the JobSet's own ttlSecondsAfterFinished and changes nothing; before, somebody deleted it and
     training is lost. `held` says the user holds the training: its spec.suspend, or under a queue
-    its Workload held inactive (see handlers.observe); Kueue's decision is `workload` (None: not
+    its Workload held inactive (see decide.decide_status); Kueue's decision is `workload` (None: not
     known). `stalled`: the training's Stalled condition is True (a restart then is the stall's).
     """
     not_suspended = Cond(ConditionType.SUSPENDED, FALSE, Reason.NOT_SUSPENDED)
@@ -287,6 +287,10 @@ def observe_jobset(jobset: Optional[Mapping[str, Any]], *, previous_phase: Optio
 
 def jobset_succeeded(jobset: Mapping[str, Any]) -> bool:
     return is_true(_jobset_condition(jobset, "Completed"))
+
+
+def jobset_finished(jobset: Mapping[str, Any]) -> bool:
+    return jobset_succeeded(jobset) or is_true(_jobset_condition(jobset, "Failed"))
 
 
 def shows_failure(jobset: Mapping[str, Any], previous_restarts: Optional[int]) -> bool:

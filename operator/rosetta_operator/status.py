@@ -72,7 +72,7 @@ def is_stalled(status: Mapping[str, Any]) -> bool:
     return is_true(condition(status, ConditionType.STALLED))
 
 
-# The classes the operator itself stops a gang for (observation.stop_for_good), as Failed's reason.
+# The classes the operator itself stops a gang for (decide.stop_for_good), as Failed's reason.
 STOPPED_BY_OPERATOR = frozenset({Reason.STALLED, FailureClass.OOM_KILLED, FailureClass.IMAGE_PULL_FAILED,
                                  FailureClass.CONFIG_ERROR, FailureClass.NON_FINITE, FailureClass.CUDA_OUT_OF_MEMORY,
                                  FailureClass.COLLECTIVE_TIMEOUT})

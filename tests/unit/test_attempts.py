@@ -140,7 +140,7 @@ def jobset(restarts=0, counted=None):
 
 
 def test_restarts_whose_pods_were_gone_are_recorded_by_what_the_counters_say():
-    from rosetta_operator.observation import track_attempts
+    from rosetta_operator.decide import track_attempts
 
     current = {"attempts": [{"attempt": 0, "startTime": "t0"}], "restarts": 0, "preemptions": 0,
                "progress": {"step": 120}}
@@ -160,7 +160,7 @@ def test_restarts_whose_pods_were_gone_are_recorded_by_what_the_counters_say():
 def test_the_jobset_fails_by_its_own_rule_only_on_the_codes_its_pod_failure_policy_names():
     from test_render import build
 
-    from rosetta_operator.observation import fails_by_its_own_rule
+    from rosetta_operator.decide import fails_by_its_own_rule
 
     rendered = build().jobset
     cuda = pod_failure(pod(terminated={"exitCode": 80, "message": termination_message("CudaOutOfMemory", "x")}))
@@ -168,12 +168,12 @@ def test_the_jobset_fails_by_its_own_rule_only_on_the_codes_its_pod_failure_poli
     assert fails_by_its_own_rule(rendered, cuda) and not fails_by_its_own_rule(rendered, oom)
 
 
-def test_a_stop_is_said_once_per_training_and_reason_however_many_pods_report_it():
+def test_decisions_say_news_once_however_many_threads_report_it():
     from concurrent.futures import ThreadPoolExecutor
 
     from rosetta_operator.event_memory import Decisions
 
-    said = Decisions(limit=2)  # observation.STOP_EVENTS
+    said = Decisions(limit=2)  # as memo.workload_decisions, from kopf's worker threads
     with ThreadPoolExecutor(8) as pool:
         firsts = list(pool.map(lambda _: said.changed("uid-1", "ImagePullFailed"), range(16)))
     assert firsts.count(True) == 1

@@ -1,8 +1,8 @@
 """The kopf handlers: what the operator does on each event (spec.py → render.py → status.py).
 
 Only the kopf registrations and what they decide live here; beside it: api_calls.py (the API calls:
-status, JobSet, ConfigMap, refusals, Kueue Workloads), observation.py (the status a JobSet's state
-means), applied_spec.py (the spec a JobSet was built from, which edits are measured against),
+status, JobSet, ConfigMap, refusals, Kueue Workloads), observation.py, decide.py and act.py (the status
+a JobSet's state means, in three steps: below), applied_spec.py (the spec a JobSet was built from, which edits are measured against),
 operator_metrics.py (the operator's Prometheus metrics and the instrumented wrapper),
 event_memory.py (what repeats cost nothing), progress_round.py with progress.py and scrape.py
 (rank 0's metrics → status.progress).
@@ -26,10 +26,14 @@ event_memory.py (what repeats cost nothing), progress_round.py with progress.py 
                            restarts the gang), fail: the gang stops and the training fails
     any TranslationTraining event  →  count_phases()  →  the rosetta_operator_trainings{phase} gauge
 
-Status is written by one helper, api_calls.write_status, so the reconcile handler and the JobSet
-watch never overwrite each other's view (its docstring says how). Every JobSet change arrives as a watch
-event handled after it, so the last writer still saw the newest JobSet. It patches only when something
-changed.
+Status is written by one helper, api_calls.settle_status (write_status for a status that needs no
+look at the cluster), so the reconcile handler and the JobSet watch never overwrite each other's view
+(its docstring says how). Every JobSet change arrives as a watch event handled after it, so the last
+writer still saw the newest JobSet. It patches only when something changed. A handler that mirrors the
+JobSet goes gather, decide, act: observation.gather reads the JobSet (and, when they have something
+to say, its pods and Kueue's Workload) into a `Seen`; decide.py turns it, with the training's status,
+into the desired status and the actions (suspend the JobSet, post an event), purely, so a 409 runs only
+that again on the training read afresh; act.py carries the actions out once the write landed.
 """
 
 from __future__ import annotations

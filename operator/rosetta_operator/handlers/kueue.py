@@ -7,6 +7,7 @@ from typing import Any, Mapping
 
 import kopf
 
+from rosetta_operator.act import act
 from rosetta_operator.api_calls import (
     JOBSET_GROUP,
     KUEUE_GROUP,
@@ -15,10 +16,12 @@ from rosetta_operator.api_calls import (
     WORKLOAD_PLURAL,
     first_attempt_only,
     jobset_and_training,
-    write_status,
+    now,
+    settle_status,
 )
+from rosetta_operator.decide import decide_status
 from rosetta_operator.jobset_status import workload_admission
-from rosetta_operator.observation import observe
+from rosetta_operator.observation import gather
 from rosetta_operator.operator_metrics import (
     instrumented,
     record_outcome,
@@ -51,8 +54,10 @@ def workload_changed(event: Mapping[str, Any], body: kopf.Body, namespace: str, 
             record_outcome("ignored")
             return
         known = first_attempt_only(jobset)
-        write_status(api, namespace, owner["name"], owner["uid"], lambda parent, current: observe(
-            api, namespace, ref["name"], parent, current, known(), workload))
+        act(api, settle_status(
+            api, namespace, owner["name"], owner["uid"],
+            lambda training: gather(api, namespace, ref["name"], training, known(), workload),
+            lambda seen, training, current: decide_status(seen, training, current, now=now()), gather_again=True))
     except Exception:
         decisions.forget(uid)  # the next event of this Workload tries again
         raise

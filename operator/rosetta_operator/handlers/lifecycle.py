@@ -17,6 +17,8 @@ from rosetta_contract.spec import TranslationTrainingSpec, parse_training
 from rosetta_contract.strict_model import ConfigError
 from rosetta_operator import evaluation_status as es
 from rosetta_operator import policy as pol
+from rosetta_operator.act import act
+from rosetta_operator.actions import Decision, PostEvent
 from rosetta_operator.api_calls import (
     JOBSET_GROUP,
     JOBSET_PLURAL,
@@ -31,6 +33,7 @@ from rosetta_operator.api_calls import (
     now,
     owner_ref,
     patch_jobset,
+    settle_status,
     write_status,
 )
 from rosetta_operator.applied_spec import (
@@ -52,12 +55,13 @@ from rosetta_operator.conditions import (
     refused_message,
     upsert_conditions,
 )
+from rosetta_operator.decide import decide_status
 from rosetta_operator.evaluation_job import required_evaluation_job
 from rosetta_operator.handlers.evaluation import start_evaluation
 from rosetta_operator.handlers.startup import QUOTA_RETRY_DELAY
-from rosetta_operator.jobset_status import jobset_succeeded, queue_of
+from rosetta_operator.jobset_status import jobset_finished, jobset_succeeded, queue_of
 from rosetta_operator.names import TRAINING_LABEL
-from rosetta_operator.observation import jobset_finished, observe
+from rosetta_operator.observation import Seen, gather
 from rosetta_operator.operator_metrics import (
     Wait,
     count_phases,
@@ -140,7 +144,7 @@ def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str, uid: 
         spec_applied = Cond(ConditionType.SPEC_APPLIED, TRUE, Reason.SPEC_IN_SYNC)
     suspend = suspend_patch(jobset, training.spec.suspend)
     if suspend is not None and not jobset_finished(jobset) \
-            and not stopped_for_good(body.get("status") or {}):  # stopped for good (observe)
+            and not stopped_for_good(body.get("status") or {}):  # stopped for good (decide.stop_for_good)
         # Suspend is the one change a JobSet takes while it exists: the JobSet controller stops the
         # gang's Jobs and recreates them on resume (from the last checkpoint). Only the user's edit
         # is applied, never the same value again: Kueue may have unsuspended it since.
@@ -166,20 +170,21 @@ def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str, uid: 
                        f"JobSet {jobset_name}, ConfigMap {rendered.names.configmap}"),
                   spec_applied)
     known = first_attempt_only(jobset)
-    news = False  # a refusal that the status does not say yet
 
-    def compute(parent: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
-        nonlocal news
-        news = bool(refused) and not said(current, spec_applied, generation)
-        desired = observe(api, namespace, jobset_name, parent, current, known())
-        desired.update(fixed)
+    def decide(seen: Seen, parent: Mapping[str, Any], current: Mapping[str, Any]) -> Decision:
+        stamp = now()
+        decided = decide_status(seen, parent, current, now=stamp)
+        desired = {**decided.status, **fixed}
         desired["conditions"] = upsert_conditions(desired.get("conditions") or [], conditions,
-                                                  now=now(), generation=generation)
-        return desired
+                                                  now=stamp, generation=generation)
+        # A refusal that the status does not say yet.
+        news = bool(refused) and not said(current, spec_applied, generation)
+        refusal = (PostEvent(Reason.SPEC_CHANGE_REFUSED, spec_applied.message),) if news else ()
+        return Decision(desired, decided.actions + refusal)
 
-    write_status(api, namespace, name, uid, compute, parent=body)
-    if news:
-        kopf.warn(body, reason=Reason.SPEC_CHANGE_REFUSED, message=spec_applied.message)
+    act(api, settle_status(api, namespace, name, uid,
+                           lambda training: gather(api, namespace, jobset_name, training, known()), decide,
+                           parent=body, gather_again=True))
 
 
 def reconcile_evaluation(api: kubernetes.client.ApiClient, body: kopf.Body, spec: TranslationTrainingSpec,
@@ -254,12 +259,10 @@ def report_invalid(api: kubernetes.client.ApiClient, body: kopf.Body, errors: li
     name, namespace = body.metadata["name"], body.metadata["namespace"]
     jobset_name = (body.get("status") or {}).get("jobSetName")
     invalid = Cond(ConditionType.VALID, FALSE, reason, message)
-    news = False
+    running = bool(jobset_name) and get_jobset(api, namespace, str(jobset_name)) is not None
 
-    def compute(parent: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
-        nonlocal news
-        news = not said(current, invalid, generation)
-        if jobset_name and get_jobset(api, namespace, jobset_name) is not None:
+    def compute(parent: Mapping[str, Any], current: Mapping[str, Any]) -> Decision:
+        if running:
             desired = dict(current)
             updates = (invalid, Cond(ConditionType.SPEC_APPLIED, FALSE, reason, message))
         else:
@@ -268,11 +271,10 @@ def report_invalid(api: kubernetes.client.ApiClient, body: kopf.Body, errors: li
         desired["observedGeneration"] = generation
         desired["conditions"] = upsert_conditions(current.get("conditions") or [], updates,
                                                   now=now(), generation=generation)
-        return desired
+        news = not said(current, invalid, generation)
+        return Decision(desired, (PostEvent(reason, message),) if news else ())
 
-    write_status(api, namespace, name, body.metadata["uid"], compute, parent=body)
-    if news:
-        kopf.warn(body, reason=reason, message=message)
+    act(api, write_status(api, namespace, name, body.metadata["uid"], compute, parent=body))
 
 
 def report_refused(api: kubernetes.client.ApiClient, body: kopf.Body, message: str, reason: str,
@@ -284,12 +286,9 @@ def report_refused(api: kubernetes.client.ApiClient, body: kopf.Body, message: s
     generation = body.metadata.get("generation")
     name, namespace = body.metadata["name"], body.metadata["namespace"]
     created = Cond(ConditionType.CREATED, FALSE, reason, message)
-    news = False
     final = reason != Reason.QUOTA_EXCEEDED
 
-    def compute(parent: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
-        nonlocal news
-        news = not said(current, created, generation)
+    def compute(parent: Mapping[str, Any], current: Mapping[str, Any]) -> Decision:
         updates = [Cond(ConditionType.VALID, TRUE, Reason.SPEC_VALID), created]
         if final:
             updates.append(Cond(ConditionType.FAILED, TRUE, reason, message))
@@ -297,11 +296,10 @@ def report_refused(api: kubernetes.client.ApiClient, body: kopf.Body, message: s
                    "observedGeneration": generation}
         desired["conditions"] = upsert_conditions(current.get("conditions") or [], updates,
                                                   now=now(), generation=generation)
-        return desired
+        news = not said(current, created, generation)
+        return Decision(desired, (PostEvent(reason, message),) if news else ())
 
-    write_status(api, namespace, name, body.metadata["uid"], compute, parent=body)
-    if news:
-        kopf.warn(body, reason=reason, message=message)
+    act(api, write_status(api, namespace, name, body.metadata["uid"], compute, parent=body))
 
 
 # --------------------------------------------------------------------------- JobSet watch
@@ -326,15 +324,20 @@ def jobset_changed(event: Mapping[str, Any], body: kopf.Body, namespace: str, me
     if jobset is not None and jobset_succeeded(jobset):
         evaluation = start_evaluation(api, namespace, owner, jobset, memo)
 
-    def compute(parent: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
-        desired = observe(api, namespace, jobset_name, parent, current, jobset)
-        if evaluation is not None and not current.get("evaluation"):
-            desired["evaluation"], cond = evaluation
-            desired["conditions"] = upsert_conditions(desired.get("conditions") or [], [cond], now=now(),
-                                                      generation=parent["metadata"].get("generation"))
-        return desired
+    def decide(seen: Seen, parent: Mapping[str, Any], current: Mapping[str, Any]) -> Decision:
+        stamp = now()
+        decided = decide_status(seen, parent, current, now=stamp)
+        if evaluation is None or current.get("evaluation"):
+            return decided
+        desired = dict(decided.status)
+        desired["evaluation"], cond = evaluation
+        desired["conditions"] = upsert_conditions(desired.get("conditions") or [], [cond], now=stamp,
+                                                  generation=parent["metadata"].get("generation"))
+        return Decision(desired, decided.actions)
 
-    write_status(api, namespace, owner["name"], owner["uid"], compute)
+    act(api, settle_status(api, namespace, owner["name"], owner["uid"],
+                           lambda training: gather(api, namespace, jobset_name, training, jobset), decide,
+                           gather_again=jobset is None))
 
 
 # ------------------------------------------------------------------------ phase gauge

@@ -7,29 +7,31 @@ import asyncio
 import contextvars
 import copy
 import logging
-from typing import Any, Mapping, cast
+from typing import Any, Mapping
 
 import kopf
 import kubernetes
 
 from rosetta_operator import node_health
 from rosetta_operator import progress as pr
+from rosetta_operator.act import act
+from rosetta_operator.actions import Decision, PostEvent
 from rosetta_operator.api_calls import (
     first_attempt_only,
     jobset_and_training,
     now,
-    write_status,
+    settle_status,
 )
 from rosetta_operator.attempts import Failure, pod_failure
 from rosetta_operator.conditions import FALSE, Cond, ConditionType, Reason, condition, upsert_conditions
+from rosetta_operator.decide import decide_pod_failure, decide_status
 from rosetta_operator.names import TRAINING_LABEL
-from rosetta_operator.observation import observe, record_pod_failure
+from rosetta_operator.observation import Seen, gather
 from rosetta_operator.operator_metrics import (
     instrumented,
     record_outcome,
 )
 from rosetta_operator.scheduling_status import pod_scheduling
-from rosetta_operator.status import stopped_for_good
 
 
 @kopf.on.event("v1", "pods", labels={TRAINING_LABEL: kopf.PRESENT}, id="pod_scheduling")  # type: ignore[arg-type]
@@ -80,50 +82,37 @@ def scheduling_changed(api: kubernetes.client.ApiClient, namespace: str, jobset_
         record_outcome("ignored")
         return
     known = first_attempt_only(jobset)
-    turned: list[Mapping[str, Any]] = []  # the training, when this write turned the condition False
 
-    def compute(parent: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
-        generation = parent["metadata"].get("generation")
-        conditions = upsert_conditions(current.get("conditions") or [], [scheduled], now=now(),
-                                       generation=generation)
-        desired = observe(api, namespace, jobset_name, parent, {**current, "conditions": conditions}, known())
+    def decide(seen: Seen, parent: Mapping[str, Any], current: Mapping[str, Any]) -> Decision:
+        stamp = now()
+        conditions = upsert_conditions(current.get("conditions") or [], [scheduled], now=stamp,
+                                       generation=parent["metadata"].get("generation"))
+        decided = decide_status(seen, parent, {**current, "conditions": conditions}, now=stamp)
         before = condition(current, ConditionType.SCHEDULED) or {}
-        after = condition(desired, ConditionType.SCHEDULED) or {}
-        turned[:] = [parent] if after.get("status") == FALSE != before.get("status") else []
-        return desired
+        after = condition(decided.status, ConditionType.SCHEDULED) or {}
+        turned = after.get("status") == FALSE != before.get("status")
+        if not turned:
+            return decided
+        return Decision(decided.status, (*decided.actions, PostEvent(Reason.UNSCHEDULABLE, scheduled.message)))
 
-    write_status(api, namespace, owner["name"], owner["uid"], compute)
-    if turned:
-        kopf.warn(cast(kopf.Body, turned[0]), reason=Reason.UNSCHEDULABLE, message=scheduled.message)
+    act(api, settle_status(api, namespace, owner["name"], owner["uid"],
+                           lambda training: gather(api, namespace, jobset_name, training, known()), decide,
+                           gather_again=True))
 
 
 @instrumented("pod_failed")
 def pod_failed(api: kubernetes.client.ApiClient, namespace: str, jobset_name: str, failure: Failure) -> None:
-    """Fold why a pod stopped into its training's status.attempts (observation.record_pod_failure);
-    one Warning event, with the class as its reason, when that changed what the attempt ended with."""
+    """Fold why a pod stopped into its training's status.attempts (decide.decide_pod_failure), and
+    act on what that decided: a stop for good, its Warning events."""
     jobset, owner = jobset_and_training(api, namespace, jobset_name)
     if owner is None:
         record_outcome("ignored")
         return
-    known = first_attempt_only(jobset)
-    told: list[Mapping[str, Any]] = []  # the training, when this write gave the attempt a new reason
-    excluded: list[bool] = []  # True when this write kept the pod's node out of the next attempts
-
-    def compute(parent: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
-        desired = record_pod_failure(api, parent, current, known() or jobset, jobset_name, failure)
-        before = {a.get("attempt"): a.get("reason") for a in current.get("attempts") or []}
-        after = {a.get("attempt"): a.get("reason") for a in desired.get("attempts") or []}
-        told[:] = [parent] if any(before.get(k) != v for k, v in after.items()) \
-            and not stopped_for_good(desired) else []
-        excluded[:] = [desired.get("excludedNodes") != current.get("excludedNodes")]
-        return desired
-
-    write_status(api, namespace, owner["name"], owner["uid"], compute)
-    if told:
-        kopf.warn(cast(kopf.Body, told[0]), reason=failure.failure_class, message=failure.message)
-        if excluded and excluded[0]:
-            kopf.warn(cast(kopf.Body, told[0]), reason=Reason.NODE_EXCLUDED,
-                      message=f"node {failure.node} is kept out of the next attempts: {failure.message}")
+    # The JobSet only says which attempt ran; the pod itself says why it ended.
+    seen = Seen(jobset_name, jobset)
+    act(api, settle_status(api, namespace, owner["name"], owner["uid"], lambda _training: seen,
+                           lambda look, parent, current: decide_pod_failure(look, failure, parent, current,
+                                                                            now=now())))
 
 
 @instrumented("lift_gate")
