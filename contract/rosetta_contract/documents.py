@@ -1,117 +1,34 @@
-"""TranslationTraining documents in and out of YAML: reading a file (strictly), `a.b=value`
-overrides, merging, validation into models with one line per error. Torch-free.
+"""The trainer's view of a TranslationTraining document: the keys the cluster's spec adds left
+out, everything else validated (TrainingDocument by default), one line per error. Torch-free.
+
+Reading the file, overrides and merging are document_io.py's, re-exported here for the callers
+that read a document through this module.
 """
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from rosetta_contract import strict_yaml
 from rosetta_contract.config import TrainingDocument
-from rosetta_contract.resource import KIND
-from rosetta_contract.strict_model import ConfigError, clip
-
-
-def format_errors(exc: ValidationError, prefix: str = "") -> list[tuple[str, str]]:
-    """pydantic errors as (dotted field path, message), list indices in brackets."""
-    out = []
-    for err in exc.errors():
-        parts: list[str] = []
-        for loc in err["loc"]:
-            if isinstance(loc, int):
-                parts[-1:] = [f"{parts[-1]}[{loc}]"] if parts else [f"[{loc}]"]
-            else:
-                parts.append(str(loc))
-        path = ".".join(p for p in parts if p)
-        if prefix:
-            path = f"{prefix}.{path}" if path else prefix
-        message = err["msg"].removeprefix("Value error, ")
-        out.append((path or "(document)", message))
-    return out
-
-
-def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """`overrides` merged into a copy of `base`: mappings key by key, anything else replaced
-    (Helm's values semantics; also how deepspeedConfig goes over the generated config)."""
-    out = copy.deepcopy(base)
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
-def apply_overrides(raw: Any, overrides: list[str], source: str | None = None) -> Any:
-    """Apply `a.b.c=value` overrides (value parsed as YAML) to a raw document (read from `source`)."""
-    raw = copy.deepcopy(raw)
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError([(item, "override must look like 'spec.training.maxSteps=100'")], source)
-        node = raw
-        parts = key.split(".")
-        if not isinstance(node, dict):
-            raise ConfigError([("(document)", "expected a YAML mapping with apiVersion, kind and spec")], source)
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError([(key, f"'{part}' is not a mapping")], source)
-        try:
-            node[parts[-1]] = strict_yaml.load(value)
-        except strict_yaml.YamlError as exc:
-            raise ConfigError([(key, f"the value is not valid YAML: {exc}")], source) from None
-    return raw
+from rosetta_contract.document_io import (
+    apply_overrides,
+    deep_merge,
+    format_errors,
+    pick_training,
+    read_yaml,
+    validate_document,
+)
+from rosetta_contract.spec import CLUSTER_FIELDS
 
 
 def parse_document(raw: Any, source: str | None = None, model: type[BaseModel] = TrainingDocument) -> Any:
     """Validate a raw document. With the default model, cluster-only spec keys are ignored."""
-    if not isinstance(raw, dict):
-        raise ConfigError([("(document)", "expected a YAML mapping with apiVersion, kind and spec")], source)
-    if model is TrainingDocument and isinstance(raw.get("spec"), dict):
-        # The trainer ignores exactly the fields the cluster's spec adds to TrainerSpec, so a typo
-        # anywhere else is still an error. Imported here: spec.py builds on this module.
-        from rosetta_contract.spec import CLUSTER_FIELDS
-
-        raw = {**raw, "spec": {k: v for k, v in raw["spec"].items() if k not in CLUSTER_FIELDS}}
-    try:
-        return model.model_validate(raw, by_name=False)  # camelCase only, as in the CRD
-    except ValidationError as exc:
-        raise ConfigError(format_errors(exc), source) from None
-
-
-def read_yaml(path: str | Path) -> Any:
-    """The TranslationTraining of a YAML file: its only document, or, in a file that `kubectl apply`
-    takes as a whole (e.g. a PersistentVolumeClaim, then the training), the one of kind
-    TranslationTraining; documents of other kinds are ignored.
-
-    Read with strict_yaml: at most 1 MiB of UTF-8, no duplicate keys, bounded aliases and nesting.
-    Every failure is a ConfigError with one line naming where ("(yaml): line 3, column 1: ...")."""
-    path = Path(path)
-    try:
-        docs = [d for d in strict_yaml.load_all(strict_yaml.read_text(path)) if d is not None]
-    except FileNotFoundError:
-        raise ConfigError([("(file)", f"{path} does not exist")], str(path)) from None
-    except strict_yaml.YamlError as exc:
-        raise ConfigError([("(yaml)", str(exc))], str(path)) from None
-    return pick_training(docs, str(path))
-
-
-def pick_training(docs: list[Any], source: str | None = None) -> Any:
-    """The TranslationTraining among the documents of one file (see read_yaml)."""
-    if len(docs) == 1:
-        return docs[0]  # validation says what is wrong with it, kind included
-    trainings = [d for d in docs if isinstance(d, dict) and d.get("kind") == KIND]
-    if len(trainings) != 1:
-        kinds = ", ".join(clip(d.get("kind") or "no kind", 60) if isinstance(d, dict) else "not a mapping"
-                          for d in docs[:20]) + (", …" if len(docs) > 20 else "")
-        raise ConfigError([("(file)", f"expected one {KIND} document, found {len(trainings)} among "
-                                      f"{len(docs)} documents ({kinds or 'none'})")], source)
-    return trainings[0]
+    # The trainer ignores exactly the fields the cluster's spec adds to TrainerSpec, so a typo
+    # anywhere else is still an error.
+    return validate_document(raw, source, model, CLUSTER_FIELDS if model is TrainingDocument else frozenset())
 
 
 def load_document(path: str | Path, overrides: list[str] | None = None,
@@ -119,3 +36,7 @@ def load_document(path: str | Path, overrides: list[str] | None = None,
     """Read, override and validate a TranslationTraining file; ConfigError lists every problem."""
     raw = apply_overrides(read_yaml(path), overrides or [], str(path))
     return parse_document(raw, str(path), model)
+
+
+__all__ = ["apply_overrides", "deep_merge", "format_errors", "load_document", "parse_document", "pick_training",
+           "read_yaml"]

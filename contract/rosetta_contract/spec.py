@@ -23,34 +23,26 @@ from pydantic import (
 )
 
 from rosetta_contract.config import Metadata, TrainerSpec, TrainingDocument
-from rosetta_contract.documents import apply_overrides, format_errors, parse_document, read_yaml
-from rosetta_contract.pod_fields import (
+from rosetta_contract.document_io import apply_overrides, format_errors, read_yaml, validate_document
+from rosetta_contract.kube_names import HOSTNAME_LABEL, MAX_INT32, ImageReference, ObjectName
+from rosetta_contract.pod_fields import EnvVar, FailurePolicySpec, NetworkSpec, PodSecuritySpec, ResourcesSpec
+from rosetta_contract.profiles import PROFILES
+from rosetta_contract.scheduling_fields import SchedulingSpec
+from rosetta_contract.strict_model import ConfigError
+from rosetta_contract.strict_yaml import MAX_DEPTH
+from rosetta_contract.trainer_pod import (
     DEFAULT_IMAGE,
     DEFAULT_OUTPUT_MOUNT,
-    HOSTNAME_LABEL,
     LAUNCHER_ENV,
     LAUNCHER_ENV_PREFIXES,
-    MAX_INT32,
     MAX_NAME_LENGTH,
     RESERVED_MOUNTS,
     RESERVED_VOLUMES,
-    EnvVar,
-    FailurePolicySpec,
-    ImageReference,
-    NetworkSpec,
-    ObjectName,
-    PodSecuritySpec,
-    ResourcesSpec,
-    SchedulingSpec,
-    VolumeSpec,
     is_secret_env,
     is_under,
     launcher_env_owner,
-    shared_checkpoints_problems,
 )
-from rosetta_contract.profiles import PROFILES
-from rosetta_contract.strict_model import ConfigError
-from rosetta_contract.strict_yaml import MAX_DEPTH
+from rosetta_contract.volume_fields import VolumeSpec, shared_checkpoints_problems
 
 # ---------------------------------------------------------------------------- spec
 
@@ -311,7 +303,7 @@ def _not_a_claim(volume: VolumeSpec | None) -> str:
             "persistentVolumeClaim: {claimName: NAME}}")
 
 
-# The top-level keys this spec adds to the trainer's: what config.parse_document leaves to the cluster.
+# The top-level keys this spec adds to the trainer's: what documents.parse_document leaves to the cluster.
 CLUSTER_FIELDS = frozenset(
     TranslationTrainingSpec.model_fields[f].alias for f in
     set(TranslationTrainingSpec.model_fields) - set(TrainerSpec.model_fields)
@@ -412,7 +404,7 @@ def parse_for_trainer(raw: Any, source: str | None = None) -> TrainingDocument:
     a file that runs under `rosetta train`, `prepare`, `stage` or `evaluate` is one the operator
     accepts. hostPath is the operator's admin decision, not the file's."""
     parse_training(raw, source, allow_host_path=True)
-    return cast(TrainingDocument, parse_document(raw, source))
+    return cast(TrainingDocument, validate_document(raw, source, TrainingDocument, CLUSTER_FIELDS))
 
 
 def load_for_trainer(path: str | Path, overrides: list[str] | None = None) -> TrainingDocument:

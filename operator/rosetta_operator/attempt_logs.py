@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional
 
 from rosetta_contract.failures import attempt_log_path
-from rosetta_contract.pod_fields import is_under
 from rosetta_contract.resource import API_VERSION, KIND
+from rosetta_contract.trainer_pod import is_under
 from rosetta_operator.kube import VerbError
 from rosetta_operator.names import REPLICATED_JOB, label_value
 from rosetta_operator.pod_logs import CONTAINER

@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 from rosetta_contract.failures import NODE_NAME_ENV
-from rosetta_contract.pod_fields import DEFAULT_OUTPUT_MOUNT, TRAINER_HOME, TRAINER_UID
 from rosetta_contract.profiles import EFA_RESOURCE, PROFILES
 from rosetta_contract.spec import TranslationTrainingSpec
 from rosetta_contract.strict_model import ConfigError
+from rosetta_contract.trainer_pod import DEFAULT_OUTPUT_MOUNT, TRAINER_HOME, TRAINER_UID
 from rosetta_operator.names import COMPLETION_INDEX, CONFIG_DIR, CONFIG_KEY, RESTART_ATTEMPT, Names
 
 NODE_HEALTH_GATE = "rosetta.dev/node-health"

@@ -17,10 +17,10 @@ from typing import Any, Mapping
 import yaml
 from pydantic import BaseModel
 
-from rosetta_contract.pod_fields import is_under
 from rosetta_contract.resource import API_VERSION, KIND
 from rosetta_contract.spec import TranslationTrainingSpec
 from rosetta_contract.strict_model import ConfigError, clip
+from rosetta_contract.trainer_pod import is_under
 from rosetta_operator.failure_policies import failure_policy, pod_failure_policy
 from rosetta_operator.names import (
     CONFIG_KEY,

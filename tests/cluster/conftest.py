@@ -143,7 +143,7 @@ class NodeCluster(Cluster):
 
 @pytest.fixture(scope="session")
 def node_cluster(images: Images) -> Iterator[NodeCluster]:
-    from rosetta_contract.pod_fields import DEFAULT_IMAGE
+    from rosetta_contract.trainer_pod import DEFAULT_IMAGE
     from rosetta_operator.crd import build_crd
 
     try:

@@ -33,8 +33,8 @@ from test_lifecycle import small_training
 from workloads import condition, provision, running_pods, status
 
 from control_plane import free_port
-from rosetta_contract.pod_fields import DEFAULT_IMAGE
 from rosetta_contract.spec import parse_training
+from rosetta_contract.trainer_pod import DEFAULT_IMAGE
 from rosetta_operator.applied_spec import APPLIED_SPEC
 from rosetta_operator.render import render
 from support.cluster import GROUP, JS_GROUP, JS_PLURAL, JS_VERSION, PLURAL, VERSION, OperatorProcess, wait_for

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from rosetta_operator.crd import cel_rules
+from rosetta_operator.crd_validations import cel_rules
 from support.cel_cases import CASES, _raw
 from support.cluster import GROUP, PLURAL, VERSION
 

@@ -21,10 +21,10 @@ import pytest
 import yaml
 
 from rosetta_cli.main import main
-from rosetta_contract.pod_fields import MAX_NAME_LENGTH, TRAINER_UID, is_secret_env
 from rosetta_contract.profiles import PROFILES
 from rosetta_contract.resource import Phase
 from rosetta_contract.spec import ConfigError, parse_spec, parse_training
+from rosetta_contract.trainer_pod import MAX_NAME_LENGTH, TRAINER_UID, is_secret_env
 from rosetta_operator.conditions import ConditionType, Reason
 from rosetta_operator.crd import build_crd, spec_schema
 from rosetta_operator.names import label_value

@@ -16,8 +16,8 @@ from kubernetes.client.exceptions import ApiException
 import rosetta_operator.client as client_module
 from rosetta_cli.main import main
 from rosetta_contract.failures import attempt_log_path
-from rosetta_contract.pod_fields import DEFAULT_IMAGE
 from rosetta_contract.spec import parse_spec
+from rosetta_contract.trainer_pod import DEFAULT_IMAGE
 from rosetta_operator import Client, VerbError, attempt_log_reader, attempt_logs
 from rosetta_operator.render import render
 

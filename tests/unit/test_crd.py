@@ -15,7 +15,8 @@ from rosetta_cli.main import main
 from rosetta_contract.resource import PHASES
 from rosetta_contract.spec import ConfigError, TranslationTrainingSpec, parse_training
 from rosetta_operator.conditions import MAX_MESSAGE, Cond
-from rosetta_operator.crd import build_crd, cel_rules
+from rosetta_operator.crd import build_crd
+from rosetta_operator.crd_validations import cel_rules
 from rosetta_operator.status import Observation, merge_status
 from support.cel_cases import CASES, _raw
 

@@ -9,8 +9,8 @@ import yaml
 from pydantic import BaseModel
 
 from rosetta_contract.config import TrainerSpec
-from rosetta_contract.pod_fields import SchedulingSpec
 from rosetta_contract.resource import Phase
+from rosetta_contract.scheduling_fields import SchedulingSpec
 from rosetta_contract.spec import TranslationTrainingSpec
 from rosetta_operator.conditions import ConditionType, Reason
 from rosetta_operator.crd import PRINTER_COLUMNS

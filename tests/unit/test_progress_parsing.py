@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rosetta_operator import progress as pr
-from rosetta_operator.crd import status_schema
+from rosetta_operator.crd_status import status_schema
 
 RUN = 'training="mt",namespace="team"'
 TEXT = f"""

@@ -9,7 +9,6 @@ from types import MappingProxyType
 import pytest
 
 from rosetta_contract.config import TrainerSpec
-from rosetta_contract.pod_fields import DEFAULT_IMAGE, launcher_env_owner
 from rosetta_contract.profiles import PROFILES, USER_OVERRIDABLE
 from rosetta_contract.spec import (
     CLUSTER_FIELDS,
@@ -19,6 +18,7 @@ from rosetta_contract.spec import (
     parse_spec,
     parse_training,
 )
+from rosetta_contract.trainer_pod import DEFAULT_IMAGE, launcher_env_owner
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,7 +10,7 @@ from rosetta_contract.resource import Phase
 from rosetta_operator import progress as pr
 from rosetta_operator import stall as sl
 from rosetta_operator.conditions import ConditionType, Reason, condition
-from rosetta_operator.crd import status_schema
+from rosetta_operator.crd_status import status_schema
 from rosetta_operator.jobset_status import observe_jobset
 from rosetta_operator.status import is_stalled, stopped_for_good
 

@@ -169,7 +169,7 @@ def test_gender_figures_reach_the_endpoint_and_the_status_per_language(tmp_path)
     # MT-GenEval's per-gender BLEU, accuracy and gaps for each target language: gauges on rank 0's
     # endpoint, and through the operator's scrape, status.progress (kubectl get -o wide: Gender gap).
     from rosetta_operator import progress as pr
-    from rosetta_operator.crd import status_schema
+    from rosetta_operator.crd_status import status_schema
 
     t = serving_telemetry(tmp_path, name="run-a")
     port = t.port
