@@ -21,11 +21,6 @@ ROOT = Path(__file__).resolve().parents[2]
 SOURCES = {"rosetta_contract": ROOT / "contract" / "rosetta_contract",
            "rosetta_operator": ROOT / "operator" / "rosetta_operator"}
 
-# Private names imported across modules in code being split at the time of writing; a fix only
-# shrinks this set, and nothing may join it.
-KNOWN_PRIVATE_IMPORTS = {
-    ("rosetta_operator.handlers", "rosetta_operator.handlers.progress_daemon._progress_active"),
-}
 
 
 @pytest.fixture(scope="module")
@@ -160,6 +155,6 @@ def test_the_private_import_finder_sees_both_spellings(tmp_path: Path, monkeypat
 
 
 def test_no_module_imports_another_modules_private_names() -> None:
-    new = private_imports() - KNOWN_PRIVATE_IMPORTS
+    new = private_imports()
     assert not new, "private names used across modules (make them public, or move the code that needs them): " + \
         ", ".join(f"{importer} uses {name}" for importer, name in sorted(new))

@@ -82,9 +82,9 @@ def test_pending_trainings_are_not_scraped():
     status, spec = {"jobSetName": "mt"}, {"metrics": {"port": 9400}}
     active = {phase for phase in (Phase.PENDING, Phase.QUEUED, Phase.RUNNING, Phase.RESTARTING, Phase.SUSPENDED,
                                   Phase.SUCCEEDED, Phase.FAILED)
-              if handlers._progress_active(status={**status, "phase": phase}, spec=spec)}
+              if handlers.progress_active(status={**status, "phase": phase}, spec=spec)}
     assert active == {Phase.RUNNING, Phase.RESTARTING}
-    assert not handlers._progress_active(status={**status, "phase": Phase.RUNNING}, spec={"metrics": {"port": 0}})
+    assert not handlers.progress_active(status={**status, "phase": Phase.RUNNING}, spec={"metrics": {"port": 0}})
 
 
 @pytest.mark.skipif(not yaml.__with_libyaml__, reason="this PyYAML was built without libyaml")

@@ -44,7 +44,7 @@ from rosetta_operator.handlers.evaluation import evaluation_changed, start_evalu
 from rosetta_operator.handlers.kueue import workload_changed
 from rosetta_operator.handlers.lifecycle import jobset_changed, reconcile
 from rosetta_operator.handlers.pods import on_pod_event
-from rosetta_operator.handlers.progress_daemon import _progress_active, report_progress
+from rosetta_operator.handlers.progress_daemon import progress_active, report_progress
 from rosetta_operator.handlers.startup import (
     ACTIVE_PHASES,
     DEFAULT_IMAGE_ENV,
@@ -55,6 +55,6 @@ from rosetta_operator.handlers.startup import (
 )
 
 __all__ = ["ACTIVE_PHASES", "DEFAULT_IMAGE_ENV", "POLICY_ENV", "PROGRESS_INTERVAL_ENV", "QUOTA_RETRY_DELAY",
-           "_progress_active", "configure", "evaluation", "evaluation_changed", "jobset_changed", "kueue",
+           "progress_active", "configure", "evaluation", "evaluation_changed", "jobset_changed", "kueue",
            "lifecycle", "on_pod_event", "pods", "progress_daemon", "reconcile", "report_progress",
            "start_evaluation", "startup", "workload_changed"]

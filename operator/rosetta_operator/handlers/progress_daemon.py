@@ -23,12 +23,12 @@ from rosetta_operator.progress_round import StallWatch, metrics_port, update_pro
 # ----------------------------------------------------------------------------- progress
 
 
-def _progress_active(status: Mapping[str, Any], spec: Mapping[str, Any], **_: Any) -> bool:
+def progress_active(status: Mapping[str, Any], spec: Mapping[str, Any], **_: Any) -> bool:
     return bool(status.get("jobSetName")) and status.get("phase") in ACTIVE_PHASES \
         and metrics_port(spec) > 0
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, when=_progress_active, cancellation_timeout=5.0)  # type: ignore[arg-type]
+@kopf.daemon(GROUP, VERSION, PLURAL, when=progress_active, cancellation_timeout=5.0)  # type: ignore[arg-type]
 async def report_progress(stopped: kopf.DaemonStopped, name: str, namespace: str, uid: str, memo: kopf.Memo,
                           logger: logging.Logger, **_: Any) -> None:
     """While the JobSet is live: scrape rank 0 every memo.progress_interval seconds into
