@@ -14,6 +14,9 @@
 # No `# syntax=` line and no BuildKit-only instructions: the engine's built-in frontend (or the
 # classic builder) builds it without pulling anything but the bases.
 
+# The bases are pinned by digest (name:tag@sha256:...) and refreshed by `scripts/pin_base_images.py
+# --write`, which needs the registry; `--check` names those still given by tag (docs/operator.md,
+# "Supply chain"). build_and_push.sh labels each image with the digest it was built from.
 # wheel and operator stages
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 # trainer stage: PyPI's torch wheel is the CUDA build and brings CUDA's runtime libraries as

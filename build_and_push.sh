@@ -20,15 +20,23 @@
 # --version TAG`; TAG must then be a SemVer version, a leading v is dropped; on ECR create the
 # repository REPO_NAME/charts/rosetta first), PLATFORM (default linux/amd64), DOCKER (default docker),
 # BUILD_ARGS (whitespace-separated NAME=VALUE pairs, each passed as --build-arg: the Dockerfile's
-# PYTHON_IMAGE and TRAINER_BASE_IMAGE (base images) and TORCH (default torch==2.13.0)).
+# PYTHON_IMAGE and TRAINER_BASE_IMAGE (base images) and TORCH (default torch==2.13.0)),
+# PIN_BASES (default auto; require, off) and PYTHON (default python3), for the base images below.
 # --dry-run prints every command instead of running it.
+#
+# Base images by digest: a base given by digest (the Dockerfile's default after
+# `scripts/pin_base_images.py --write`, or a BUILD_ARGS value NAME@sha256:...) is built from as it is.
+# A base given by a tag is resolved to the digest the tag names now and built from that digest
+# (PIN_BASES=auto: when the registry cannot be asked, a warning, and the build uses the tag;
+# PIN_BASES=require: the build stops instead; PIN_BASES=off and --dry-run look nothing up). Each image
+# built from a digest carries it: labels org.opencontainers.image.base.name and .base.digest.
 set -euo pipefail
 
 DRY_RUN=0
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY_RUN=1 ;;
-    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "build_and_push.sh: unknown argument: $arg (only --dry-run)" >&2; exit 2 ;;
   esac
 done
@@ -97,11 +105,9 @@ else
   die "no registry: set PROJECT_ID (with REGION, REPO_NAME) for Artifact Registry, AWS_ACCOUNT_ID (with AWS_REGION, REPO_NAME) for ECR, or REGISTRY"
 fi
 
-build_args=()
 read -r -d "" -a pairs <<<"${BUILD_ARGS:-}" || true  # any whitespace, newlines too
 for pair in "${pairs[@]}"; do
   [[ "$pair" == [A-Za-z_]*=* ]] || die "BUILD_ARGS: '$pair' is not NAME=VALUE"
-  build_args+=(--build-arg "$pair")
 done
 
 for target in $TARGETS; do
@@ -124,13 +130,63 @@ push_chart() {
   run "$HELM" push "${CONTEXT}/dist/rosetta-${CHART_VERSION}.tgz" "oci://${PREFIX}/charts"
 }
 
+# The bases, settled before anything is pushed: scripts/pin_base_images.py answers with a line
+# `build-arg NAME=REFERENCE@DIGEST` per base it resolved (it replaces that BUILD_ARGS pair) and
+# `label TARGET KEY=VALUE` per label; what it could not pin it says on stderr.
+PIN_BASES="${PIN_BASES:-auto}"
+PYTHON="${PYTHON:-python3}"
+plan_flags=()
+case "$PIN_BASES" in
+  auto) ;;
+  require) plan_flags+=(--require) ;;
+  off) plan_flags+=(--offline) ;;
+  *) die "PIN_BASES: '$PIN_BASES' is none of auto, require, off" ;;
+esac
+if (( DRY_RUN )); then
+  plan_flags=(--offline)
+fi
+for target in $TARGETS; do
+  [[ "$target" == chart ]] || plan_flags+=(--target "$target")
+done
+plan=""
+if [[ " ${plan_flags[*]} " == *" --target "* ]]; then
+  command -v "$PYTHON" >/dev/null 2>&1 || die "PYTHON: '$PYTHON' not found (it runs scripts/pin_base_images.py)"
+  for pair in "${pairs[@]}"; do
+    plan_flags+=(--build-arg "$pair")
+  done
+  plan="$("$PYTHON" "${CONTEXT}/scripts/pin_base_images.py" --dockerfile "${CONTEXT}/Dockerfile" --build-plan \
+    "${plan_flags[@]}")" || die "the base images are not settled (scripts/pin_base_images.py, above)"
+fi
+while read -r kind value; do
+  [[ "$kind" == build-arg ]] || continue
+  replaced=0
+  for i in "${!pairs[@]}"; do
+    if [[ "${pairs[$i]%%=*}" == "${value%%=*}" ]]; then
+      pairs[$i]="$value"
+      replaced=1
+    fi
+  done
+  (( replaced )) || pairs+=("$value")
+done <<<"$plan"
+build_args=()
+for pair in "${pairs[@]}"; do
+  build_args+=(--build-arg "$pair")
+done
+
 login
 for target in $TARGETS; do
   if [[ "$target" == chart ]]; then
     push_chart
     continue
   fi
+  labels=()
+  while read -r kind which label; do
+    if [[ "$kind" == label && "$which" == "$target" ]]; then
+      labels+=(--label "$label")
+    fi
+  done <<<"$plan"
   image="${PREFIX}/${IMAGE_NAME}-${target}:${TAG}"
-  run "$DOCKER" build --platform "$PLATFORM" "${build_args[@]}" --target "$target" --tag "$image" "$CONTEXT"
+  run "$DOCKER" build --platform "$PLATFORM" "${build_args[@]}" "${labels[@]}" --target "$target" --tag "$image" \
+    "$CONTEXT"
   run "$DOCKER" push "$image"
 done

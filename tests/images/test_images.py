@@ -12,7 +12,9 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
+import sys
 import urllib.request
 
 import pytest
@@ -118,7 +120,8 @@ def test_build_and_push_to_a_local_registry_and_pull_back(images, local_registry
     The layers stay on this engine under the :test tags (removing them would throw away the build
     cache), so `docker pull` fetches the manifests and finds the layers present: that every layer
     blob is in the registry is checked against the registry's own API instead."""
-    env = {**os.environ, "REGISTRY": local_registry, "TAG": "test", "IMAGE_NAME": "rosetta",
+    # PIN_BASES=off: the test base exists only in this engine, and a registry must not be asked for it.
+    env = {**os.environ, "REGISTRY": local_registry, "TAG": "test", "IMAGE_NAME": "rosetta", "PIN_BASES": "off",
            "BUILD_ARGS": " ".join(f"{k}={v}" for k, v in BUILD_ARGS.items())}
     for name in ("PROJECT_ID", "AWS_ACCOUNT_ID", "TARGETS", "PLATFORM"):
         env.pop(name, None)
@@ -157,3 +160,105 @@ def test_build_and_push_to_a_local_registry_and_pull_back(images, local_registry
         docker("run", "--rm", "--network", "none", "--entrypoint", "python", pushed["operator"], "-c", OPERATOR_IMPORT)
     finally:
         docker("rmi", *pushed.values(), check=False)
+
+
+# ----------------------------------------------------------------------------- bases by digest
+
+PIN = REPO / "scripts" / "pin_base_images.py"
+BASE_LABELS = ("org.opencontainers.image.base.name", "org.opencontainers.image.base.digest")
+
+
+def _tag_digest(registry: str, repository: str, tag: str) -> str:
+    req = urllib.request.Request(f"http://{registry}/v2/{repository}/manifests/{tag}", method="HEAD", headers={
+        "Accept": "application/vnd.oci.image.index.v1+json, application/vnd.docker.distribution.manifest.list.v2+json, "
+                  "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return r.headers["Docker-Content-Digest"]
+
+
+def _labels(image: str) -> dict[str, str]:
+    return json.loads(docker("image", "inspect", "--format", "{{json .Config.Labels}}", image).stdout)
+
+
+def test_bases_pinned_by_digest_from_a_local_registry(test_base, local_registry, tmp_path):
+    """scripts/pin_base_images.py and build_and_push.sh against a real registry: the bases of a copy
+    of the Dockerfile name a tag there (the Debian base, pushed); --check reports them, build_and_push.sh
+    builds from the tag's digest and labels it, --write pins that digest; the tag moves to another
+    image and --write moves the pin; the moved-to image, gone from this engine, is pulled back by
+    digest for the next build."""
+    repository = "rosetta-test/python"
+    ref = f"{local_registry}/{repository}:pin"
+    ctx = tmp_path / "ctx"
+    (ctx / "scripts").mkdir(parents=True)
+    shutil.copy(REPO / "build_and_push.sh", ctx)
+    shutil.copy(PIN, ctx / "scripts")
+    # The real Dockerfile's header (its ARG lines), with stages that build in seconds.
+    header = (REPO / "Dockerfile").read_text().split("\nFROM ", 1)[0]
+    assert header.count("=python:3.11-slim-bookworm\n") == 2
+    (ctx / "Dockerfile").write_text(header.replace("=python:3.11-slim-bookworm\n", f"={ref}\n") + """
+FROM ${PYTHON_IMAGE} AS operator
+RUN python3 -c "import sys; assert sys.version_info[:2] == (3, 11)"
+FROM ${TRAINER_BASE_IMAGE} AS trainer
+""")
+    script = [sys.executable, str(ctx / "scripts" / "pin_base_images.py"), "--dockerfile", str(ctx / "Dockerfile")]
+    built = f"{local_registry}/rosetta-pin-operator:test"
+    env = {k: v for k, v in os.environ.items() if k not in ("PROJECT_ID", "AWS_ACCOUNT_ID", "BUILD_ARGS", "PLATFORM")}
+    env.update(REGISTRY=local_registry, TAG="test", IMAGE_NAME="rosetta-pin", TARGETS="operator",
+               PIN_BASES="require", PYTHON=sys.executable)
+
+    def build_and_push() -> str:
+        proc = subprocess.run(["bash", str(ctx / "build_and_push.sh")], env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc.stdout + proc.stderr
+
+    first = refreshed = ""
+    try:
+        docker("tag", test_base, ref)
+        docker("push", ref, timeout=600)
+        first = _tag_digest(local_registry, repository, "pin")
+        assert f"{local_registry}/{repository}@{first}" in json.loads(
+            docker("image", "inspect", "--format", "{{json .RepoDigests}}", ref).stdout)
+
+        check = subprocess.run([*script, "--check"], capture_output=True, text=True, timeout=60)
+        assert check.returncode == 1
+        assert check.stdout.splitlines() == [f"Dockerfile: {name}={ref}: not pinned by digest"
+                                             for name in ("PYTHON_IMAGE", "TRAINER_BASE_IMAGE")]
+
+        # Given by tag: built from the digest the tag names, and labelled with it.
+        log = build_and_push()
+        assert f"PYTHON_IMAGE={ref} is {first} today: built from {ref}@{first}" in log
+        assert [_labels(built).get(k) for k in BASE_LABELS] == [ref, first]
+        docker("rmi", built)
+
+        write = subprocess.run([*script, "--write"], capture_output=True, text=True, timeout=60)
+        assert write.returncode == 0, write.stderr
+        assert f"ARG PYTHON_IMAGE={ref}@{first}\n" in (ctx / "Dockerfile").read_text()
+        assert subprocess.run([*script, "--check"], capture_output=True, timeout=60).returncode == 0
+
+        # The base's tag is rebuilt: --write refreshes the pin.
+        proc = subprocess.run([DOCKER, "build", "--tag", ref, "-"], input=f"FROM {test_base}\nLABEL org.rosetta.pin-test=2\n",
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        refreshed = docker("image", "inspect", "--format", "{{.Id}}", ref).stdout.strip()
+        docker("push", ref, timeout=600)
+        second = _tag_digest(local_registry, repository, "pin")
+        assert second != first
+        assert subprocess.run([*script, "--write"], capture_output=True, timeout=60).returncode == 0
+        text = (ctx / "Dockerfile").read_text()
+        assert f"ARG PYTHON_IMAGE={ref}@{second}\n" in text and f"ARG TRAINER_BASE_IMAGE={ref}@{second}\n" in text
+        assert first not in text
+
+        # Pinned in the Dockerfile: built as it is, the base pulled by digest (nothing of it is left here).
+        docker("rmi", ref)
+        docker("rmi", f"{local_registry}/{repository}@{second}", check=False)
+        docker("image", "inspect", refreshed, check=False).returncode != 0 or pytest.fail("the new base is still here")
+        log = build_and_push()
+        assert "today: built from" not in log  # nothing resolved: the pin is used as it is
+        labels = _labels(built)
+        assert [labels.get(k) for k in BASE_LABELS] == [ref, second] and labels.get("org.rosetta.pin-test") == "2"
+    finally:
+        # The test base itself stays: only this test's names (and its digest in this registry) go.
+        for leftover in (built, ref, refreshed, first and f"{local_registry}/{repository}@{first}"):
+            if leftover:
+                docker("rmi", leftover, check=False)
