@@ -1,6 +1,6 @@
 """The after-training evaluation Job (spec.afterTraining) and the pod of mode evaluate: `rosetta
 evaluate` of a checkpoint or of the pretrained model, on the test sets, once the gang has finished.
-Pure, like render.py; its pod parts are the gang's (pod_template.py) and the stage job's.
+Pure, like render.py; its pod's shared parts come from pod_builder.py, its init container is the stage job's.
 """
 
 from __future__ import annotations
@@ -19,16 +19,9 @@ from rosetta_operator.names import (
     owner_references,
     resource_names,
 )
-from rosetta_operator.pod_template import (
-    container_security_context,
-    output_mount,
-    pod_security_context,
-    resources,
-    scheduling,
-    user_env,
-    volumes,
-)
-from rosetta_operator.stage_job import offline_env, stage_container, stage_refused_rule, staging_sources
+from rosetta_operator.pod_builder import Container, evaluation_pod
+from rosetta_operator.pod_template import output_mount, resources
+from rosetta_operator.stage_job import stage_container, stage_refused_rule, staging_sources
 from rosetta_operator.templating import render_template
 
 EVALUATION_LABEL = "rosetta.dev/evaluation"  # on the evaluation Job and its pod: the training's name
@@ -85,37 +78,30 @@ def render_evaluation_job(name: str, namespace: str, spec: TranslationTrainingSp
     with the pod's resources and scheduling, queued like a JobSet when scheduling.queueName is set.
     The handlers build it only from a spec that the admin's policy allows (policy.py)."""
     if spec.mode == "evaluate":
-        job = _render_evaluation_job(name, namespace, spec, owner, *_evaluate_mode_pod(spec))
-        if spec.scheduling.queue_name:
-            # The whole run, on GPUs: it waits for Kueue to admit it, as a training's JobSet does, so
-            # that a policy's requireQueue holds for it too. Kueue reads the Job's own label.
-            job["metadata"]["labels"][KUEUE_QUEUE_LABEL] = spec.scheduling.queue_name
-            job["spec"]["suspend"] = True
-        return job
+        return _render_evaluation_job(name, namespace, spec, owner, *_evaluate_mode_pod(spec))
     after = spec.evaluation.after_training
     if after is None:
         return None
     resources_ = {"requests": {"cpu": after.cpu, "memory": after.memory},
                   "limits": {"cpu": after.cpu, "memory": after.memory}}
     return _render_evaluation_job(name, namespace, spec, owner, resources_, cpu_threads(after.cpu),
-                                  {EVALUATION_CHECKPOINT: after.checkpoint}, ({}, []))
+                                  {EVALUATION_CHECKPOINT: after.checkpoint})
 
 
-def _evaluate_mode_pod(spec: TranslationTrainingSpec) -> tuple[dict[str, Any], int | None, dict[str, Any], tuple[dict[str, Any], list[Any]]]:
-    """(resources, CPU threads, annotations, (node selector, tolerations)) of mode evaluate's pod."""
+def _evaluate_mode_pod(spec: TranslationTrainingSpec) -> tuple[dict[str, Any], int | None, dict[str, Any]]:
+    """(resources, CPU threads, annotations) of mode evaluate's pod."""
     threads = cpu_threads(spec.resources.cpu) if spec.resources.cpu else None
     # No EFA: one pod, no collectives across nodes.
     # Quantities as strings: BatchV1Api validates a Job's resources as such (a JobSet is a custom object).
     pod = {kind: {k: str(v) for k, v in values.items() if k != EFA_RESOURCE} for kind, values in resources(spec).items()}
-    return {kind: values for kind, values in pod.items() if values}, threads, {EVALUATION_CHECKPOINT: "pretrained"}, scheduling(spec)
+    return {kind: values for kind, values in pod.items() if values}, threads, {EVALUATION_CHECKPOINT: "pretrained"}
 
 
 def _render_evaluation_job(name: str, namespace: str, spec: TranslationTrainingSpec, owner: Mapping[str, Any] | None,
-                           pod_resources: dict[str, Any], threads: int | None, annotations: dict[str, Any],
-                           placement: tuple[dict[str, Any], list[Any]]) -> dict[str, Any]:
+                           pod_resources: dict[str, Any], threads: int | None,
+                           annotations: dict[str, Any]) -> dict[str, Any]:
     names = resource_names(name, spec.nodes)
-    pod_volumes, mounts = volumes(spec, names)
-    keep = {v["name"] for v in pod_volumes if v["name"] != "dshm"}  # no NCCL or dataloader workers here
+    pod = evaluation_pod(spec, names)
     output = f"{output_mount(spec)}/{names.training}"
     config = f"{CONFIG_DIR}/{CONFIG_KEY}"
     env = [{"name": "ROSETTA_TRAINING", "value": names.training}, {"name": "ROSETTA_CONFIG", "value": config},
@@ -128,29 +114,24 @@ def _render_evaluation_job(name: str, namespace: str, spec: TranslationTrainingS
         vol = spec.volume_for(purpose)
         if vol:
             env.append({"name": var, "value": vol.mount_path})
-    env += user_env(spec)
-    volume_mounts = [m for m in mounts if m["name"] in keep]
+    env += pod.user_env
     init_containers = []
     if spec.mode == "evaluate" and staging_sources(spec):
         # One pod, so no stage job of its own: the copy runs first, in the same pod.
-        init_containers = [stage_container(spec, names, volume_mounts)]
-        env += offline_env(spec)
+        init_containers = [stage_container(spec, names, pod)]
+        env += pod.offline_env
     labels = {**BASE_LABELS, EVALUATION_LABEL: label_value(name)}
+    # Mode evaluate is the whole run, on GPUs: it waits for Kueue to admit it, as a training's JobSet
+    # does, so that a policy's requireQueue holds for it too. Kueue reads the Job's own label.
+    queue = spec.scheduling.queue_name if spec.mode == "evaluate" else None
     return render_template(
-        "evaluation-job.yaml.j2", spec=spec, job_name=evaluation_job_name(name), namespace=namespace,
-        labels=labels, annotations=annotations, owner_references=owner_references(owner),
+        "evaluation-job.yaml.j2", job_name=evaluation_job_name(name), namespace=namespace,
+        job_labels={**labels, KUEUE_QUEUE_LABEL: queue} if queue else labels, labels=labels,
+        annotations=annotations, owner_references=owner_references(owner), suspend=bool(queue),
         pod_failure_policy={"rules": [*([stage_refused_rule()] if init_containers else []),
                                       {"action": "Ignore",
                                        "onPodConditions": [{"type": DISRUPTION_TARGET, "status": "True"}]}]},
-        automount_token=spec.pod_security.automount_service_account_token,
-        image_pull_secrets=[{"name": s} for s in spec.image_pull_secrets],
-        security_context=pod_security_context(spec), container_security_context=container_security_context(),
-        command=evaluation_command(spec, output, config), env=env, resources=pod_resources,
-        node_selector=placement[0], tolerations=placement[1], init_containers=init_containers,
-        volume_mounts=volume_mounts, volumes=[v for v in pod_volumes if v["name"] in keep],
+        pod=pod, init_containers=init_containers,
+        evaluate=Container(name="evaluate", command=evaluation_command(spec, output, config), env=env,
+                           resources=pod_resources),
     )
-
-
-# What the apiserver accepts (and etcd stores): annotations of one object 256 KiB in all, ConfigMap
-# data 1 MiB, any object about 1.5 MiB. The JobSet carries the spec as JSON in an annotation (the
-# handlers' applied-spec record), so it is counted there; the rest of its annotations are small.

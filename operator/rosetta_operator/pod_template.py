@@ -1,7 +1,7 @@
 """The parts of a training's pods, each a small pure step over the spec: the gang pod's env
 (launcher, profile, fault tolerance, credentials, tracking, the user's), command, resources and
-placement, and what the stage and evaluation pods share with it (volumes and mounts, security
-contexts, node selector and tolerations, the user's env).
+placement, volumes and mounts, security contexts. pod_builder.py puts the shared ones together for
+every pod of the training.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """TranslationTraining spec → ConfigMap + JobSet, as plain dicts. Pure: no I/O, no API calls.
 
 render() puts together what the modules beside it compute from the spec: names.py (names, labels),
-pod_template.py (env, volumes, resources, command: what the pods get), stage_job.py (the job that
-stages sources before the gang), failure_policies.py (what a failure does). The jinja2 templates
-(templating.py) only place those values. Only render() and templates/jobset.yaml.j2 know what our
-JobSet looks like.
+pod_builder.py (what every pod of the training shares: service account, security, placement,
+volumes, the user's env), pod_template.py (the gang's env, resources, command), stage_job.py (the job
+that stages sources before the gang), failure_policies.py (what a failure does). The jinja2 templates
+(templating.py) only place those values, and what they render is returned as it is: nothing here
+edits it afterwards. Only render() and templates/jobset.yaml.j2 know what our JobSet looks like.
 """
 
 from __future__ import annotations
@@ -25,30 +26,25 @@ from rosetta_operator.failure_policies import failure_policy, pod_failure_policy
 from rosetta_operator.names import (
     CONFIG_KEY,
     KUEUE_QUEUE_LABEL,
-    STAGE_JOB,
+    TRAINER_CONTAINER,
     Names,
     labels_for,
     owner_references,
     resource_names,
 )
+from rosetta_operator.pod_builder import Container, gang_pod
 from rosetta_operator.pod_template import (
     command,
-    container_security_context,
     fault_tolerance_env,
     launcher_env,
     output_mount,
-    pod_security_context,
     profile_env,
     resources,
     s3_credentials_env,
-    scheduling,
-    scheduling_gates,
     topology_annotations,
     tracking_env,
-    user_env,
-    volumes,
 )
-from rosetta_operator.stage_job import offline_env, stage_job, staging_sources
+from rosetta_operator.stage_job import stage_job
 from rosetta_operator.templating import render_template
 
 EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
@@ -181,36 +177,29 @@ def render(name: str, namespace: str, spec: TranslationTrainingSpec, owner: Mapp
     annotations = {APPLIED_SUSPEND: suspend_value(spec.suspend)}
     if spec.scheduling.exclusive_topology:
         annotations[EXCLUSIVE_TOPOLOGY] = spec.scheduling.exclusive_topology
-    pod_volumes, mounts = volumes(spec, names)
-    node_selector, tolerations = scheduling(spec)
+    gang = gang_pod(spec, names)
     metrics_port = spec.metrics.port
+    trainer = Container(
+        name=TRAINER_CONTAINER, command=command(spec),
+        env=launcher_env(spec, names) + profile_env(spec) + fault_tolerance_env(spec) + s3_credentials_env(spec)
+        + tracking_env(spec) + gang.user_env + gang.offline_env,
+        resources=resources(spec),
+        ports=[{"name": "metrics", "containerPort": metrics_port, "protocol": "TCP"}] if metrics_port else [],
+    )
     jobset = render_template(
         "jobset.yaml.j2", spec=spec, names=names, namespace=namespace, labels=labels,
         jobset_labels=jobset_labels, jobset_annotations=annotations, owner_references=owners,
         suspend=jobset_suspend(spec), failure_policy=failure_policy(spec), pod_failure_policy=pod_failure_policy(spec),
-        pod_annotations={"kubectl.kubernetes.io/default-container": "trainer", **topology_annotations(spec)},
-        image_pull_secrets=[{"name": s} for s in spec.image_pull_secrets],
-        node_selector=node_selector, tolerations=tolerations, scheduling_gates=scheduling_gates(spec),
-        security_context=pod_security_context(spec), container_security_context=container_security_context(),
-        automount_token=spec.pod_security.automount_service_account_token,
-        command=command(spec),
-        env=launcher_env(spec, names) + profile_env(spec) + fault_tolerance_env(spec) + s3_credentials_env(spec)
-        + tracking_env(spec)
-        + user_env(spec),
-        ports=[{"name": "metrics", "containerPort": metrics_port, "protocol": "TCP"}] if metrics_port else [],
-        resources=resources(spec), volume_mounts=mounts, volumes=pod_volumes,
+        pod_annotations={"kubectl.kubernetes.io/default-container": TRAINER_CONTAINER, **topology_annotations(spec)},
+        gang=gang, trainer=trainer, stage=stage_job(spec, names),
     )
-    stage = stage_job(spec, names, labels, pod_volumes, mounts)
-    if stage is not None:
-        gang = jobset["spec"]["replicatedJobs"][0]
-        gang["dependsOn"] = [{"name": STAGE_JOB, "status": "Complete"}]
-        if staging_sources(spec):
-            gang["template"]["spec"]["template"]["spec"]["containers"][0]["env"] += offline_env(spec)
-        jobset["spec"]["replicatedJobs"].insert(0, stage)  # dependsOn names an earlier entry
     check_sizes(spec, configmap, jobset)
     return Rendered(names=names, configmap=configmap, jobset=jobset)
 
 
+# What the apiserver accepts (and etcd stores): annotations of one object 256 KiB in all, ConfigMap
+# data 1 MiB, any object about 1.5 MiB. The JobSet carries the spec as JSON in an annotation (the
+# handlers' applied-spec record), so it is counted there; the rest of its annotations are small.
 ANNOTATIONS_LIMIT = 256 * 1024 - 4096
 CONFIGMAP_LIMIT = 1024 * 1024
 OBJECT_LIMIT = 1536 * 1024 - 16 * 1024

@@ -7,20 +7,15 @@ evaluate (evaluation_job.py).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from rosetta_contract.exits import DATA_INVALID_EXIT
 from rosetta_contract.spec import TranslationTrainingSpec
 from rosetta_contract.strict_model import ConfigError
 from rosetta_operator.names import CONFIG_DIR, CONFIG_KEY, DISRUPTION_TARGET, STAGE_JOB, Names
-from rosetta_operator.pod_template import (
-    S3_SECRET_KEYS,
-    container_security_context,
-    output_mount,
-    pod_security_context,
-    scheduling,
-    user_env,
-)
+from rosetta_operator.pod_builder import Container, PodParts, stage_pod
+from rosetta_operator.pod_template import S3_SECRET_KEYS, output_mount
 
 STAGE_RESOURCES = {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "4Gi"}}
 
@@ -44,13 +39,6 @@ def stage_refused_rule() -> dict[str, Any]:
                                                  "values": [DATA_INVALID_EXIT]}}
 
 
-def offline_env(spec: TranslationTrainingSpec) -> list[dict[str, Any]]:
-    """The gang reads what the stage job copied: no pod asks the hub (which an offline cluster
-    cannot reach, and which would otherwise be asked once per rank)."""
-    own = {var.name for var in spec.env}
-    return [{"name": k, "value": "1"} for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") if k not in own]
-
-
 def staging_credentials_env(spec: TranslationTrainingSpec) -> list[dict[str, Any]]:
     """The S3 credentials of model.source and data.source, by reference to their Secret (one: both
     reach the pod under the same AWS_* names)."""
@@ -66,7 +54,7 @@ def staging_credentials_env(spec: TranslationTrainingSpec) -> list[dict[str, Any
             for key, optional in S3_SECRET_KEYS]
 
 
-def stage_container(spec: TranslationTrainingSpec, names: Names, mounts: list[dict[str, Any]]) -> dict[str, Any]:
+def stage_container(spec: TranslationTrainingSpec, names: Names, pod: PodParts) -> Container:
     """`rosetta stage` in the trainer image: the stage job's container, and in mode evaluate the
     evaluation pod's init container. With data.prepare: BeforeTraining it then tokenizes the
     training data into the training's output, with the CPU and memory a gang pod would have."""
@@ -79,17 +67,8 @@ def stage_container(spec: TranslationTrainingSpec, names: Names, mounts: list[di
         env.append({"name": "ROSETTA_OUTPUT", "value": f"{output_mount(spec)}/{names.training}"})
         command += ["--prepare", "$(ROSETTA_OUTPUT)"]
         resources = prepare_resources(spec)
-    container = {
-        "name": STAGE_JOB, "image": spec.image,
-        "command": command,
-        "env": env + staging_credentials_env(spec) + user_env(spec), "resources": resources,
-        "securityContext": container_security_context(),
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        "volumeMounts": mounts,
-    }
-    if spec.image_pull_policy:
-        container["imagePullPolicy"] = spec.image_pull_policy
-    return container
+    return Container(name=STAGE_JOB, command=command, env=env + staging_credentials_env(spec) + pod.user_env,
+                     resources=resources)
 
 
 def prepare_resources(spec: TranslationTrainingSpec) -> dict[str, Any]:
@@ -100,43 +79,24 @@ def prepare_resources(spec: TranslationTrainingSpec) -> dict[str, Any]:
     return {"requests": requests, "limits": {"memory": spec.resources.memory or STAGE_RESOURCES["limits"]["memory"]}}
 
 
-def stage_job(spec: TranslationTrainingSpec, names: Names, labels: dict[str, Any], pod_volumes: list[dict[str, Any]],
-              mounts: list[dict[str, Any]]) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class StageJob:
+    """The stage replicated job's values; templates/jobset.yaml.j2 places it before the gang, which
+    depends on it."""
+
+    name: str
+    pod: PodParts
+    container: Container
+    pod_failure_policy: dict[str, Any]
+
+
+def stage_job(spec: TranslationTrainingSpec, names: Names) -> StageJob | None:
     """The replicated job that runs `rosetta stage` once before the gang; None without a source
     or data to prepare."""
     if not has_stage_job(spec):
         return None
-    keep = {v["name"] for v in pod_volumes if v["name"] != "dshm"}
-    node_selector, tolerations = scheduling(spec)  # wherever the gang may run, the stage pod may too
-    pod: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "enableServiceLinks": False,
-        "automountServiceAccountToken": spec.pod_security.automount_service_account_token,
-        "securityContext": pod_security_context(spec),
-        "containers": [stage_container(spec, names, [m for m in mounts if m["name"] in keep])],
-        "volumes": [v for v in pod_volumes if v["name"] in keep],
-    }
-    if spec.service_account_name:
-        pod["serviceAccountName"] = spec.service_account_name
-    if spec.image_pull_secrets:
-        pod["imagePullSecrets"] = [{"name": s} for s in spec.image_pull_secrets]
-    if node_selector:
-        pod["nodeSelector"] = node_selector
-    if tolerations:
-        pod["tolerations"] = tolerations
-    if spec.scheduling.priority_class_name:
-        pod["priorityClassName"] = spec.scheduling.priority_class_name
-    return {"name": STAGE_JOB, "replicas": 1, "template": {
-        "metadata": {"labels": dict(labels)},
-        "spec": {
-            "completions": 1, "parallelism": 1,
-            # A download that broke off is tried again in a new pod; a source that is not there
-            # (rosetta stage's data-error exit) fails at once, and the operator reports it.
-            "backoffLimit": 2,
-            "podFailurePolicy": {"rules": [
-                stage_refused_rule(),
-                {"action": "Ignore", "onPodConditions": [{"type": DISRUPTION_TARGET, "status": "True"}]}]},
-            "template": {"metadata": {"labels": dict(labels),
-                                      "annotations": {"kubectl.kubernetes.io/default-container": STAGE_JOB}},
-                         "spec": pod},
-        }}}
+    pod = stage_pod(spec, names)
+    return StageJob(name=STAGE_JOB, pod=pod, container=stage_container(spec, names, pod),
+                    pod_failure_policy={"rules": [
+                        stage_refused_rule(),
+                        {"action": "Ignore", "onPodConditions": [{"type": DISRUPTION_TARGET, "status": "True"}]}]})

@@ -1,5 +1,6 @@
 """The jinja2 templates in templates/, rendered and read back as plain dicts. They only place
-values; render.py and evaluation_job.py compute every one.
+values; render.py and evaluation_job.py (over pod_builder.py) compute every one, and take what is
+read back as the object, unedited.
 """
 
 from __future__ import annotations
