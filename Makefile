@@ -8,7 +8,7 @@ TORCH  ?= torch==2.13.0
 CONSTRAINTS := constraints.txt
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint typecheck generate verify bench bench-operator clean
+.PHONY: install demo test test-fast lint typecheck architecture generate verify bench bench-operator clean
 
 install: $(STAMP)
 
@@ -46,12 +46,18 @@ typecheck: install
 # Files generated from the code: the CRD (from the spec models) and its copy in the chart, the
 # chart's values schema and README (from values.yaml and its comments), the raw operator manifest
 # (the chart rendered by Helm's engine), the core/v1 types the contract checks free-form pod fields
-# against (from the Kubernetes client's models). Run it after changing the spec or the chart;
-# `make verify` fails when a commit left one of them stale.
+# against (from the Kubernetes client's models), the diagram in docs/architecture.md (make architecture).
+# Run it after changing the spec or the chart, or adding a module; `make verify` fails when a commit left
+# one of them stale.
 GENERATED := manifests/crd.yaml charts/rosetta/files/crd.yaml charts/rosetta/values.schema.json manifests/operator.yaml \
-	contract/rosetta_contract/core_types.json charts/rosetta/README.md
+	contract/rosetta_contract/core_types.json charts/rosetta/README.md docs/architecture.md
 
-generate: install
+# The packages, their layers and modules, drawn from the import graph and pyproject.toml's layers
+# contracts into docs/architecture.md's generated block (the rest of the page is left as it is).
+architecture: install
+	$(PY) scripts/architecture_diagram.py
+
+generate: install architecture
 	$(VENV)/bin/rosetta crd > manifests/crd.yaml
 	cp manifests/crd.yaml charts/rosetta/files/crd.yaml
 	$(PY) charts/values_schema.py > charts/rosetta/values.schema.json
