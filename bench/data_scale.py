@@ -23,6 +23,12 @@ training start, each in a fresh process:
 
     .venv/bin/python bench/data_scale.py                       # 1M pairs
     .venv/bin/python bench/data_scale.py --pairs 4000000 --skip-current
+    .venv/bin/python bench/data_scale.py --first-start --pairs 4000000 --output bench/results/first_start_4m.json
+
+--first-start measures instead a whole first start from the files (bench/first_start.py: `rosetta
+train` on one process up to its first epoch's plan, and the stage job's `rosetta prepare`), with
+the example's settings and every data check on, against the same `datasets.map`, on a corpus whose
+copies of Multi30k are told apart by a number word so that the duplicate filter keeps every pair.
 
 Prints a JSON summary and writes it to --output (default bench/results/data_scale.json). Needs
 psutil and datasets (`pip install -e '.[bench]'`).
@@ -334,16 +340,21 @@ def run_two_ranks(name: str, work: Path) -> list[dict]:
     return out
 
 
-def make_corpus(work: Path, pairs: int) -> int:
+def make_corpus(work: Path, pairs: int, distinct: bool = False) -> int:
+    from tokenizer_sample import make_corpus as make_distinct
+
     from rosetta_contract.model_fields import TokenizerTraining
     from rosetta_trainer.tokenization import train_tokenizer
 
     en = gzip.open(MULTI30K / "train.en.gz", "rt").read().splitlines()
     de = gzip.open(MULTI30K / "train.de.gz", "rt").read().splitlines()
-    for lang, lines in (("en", en), ("de", de)):
-        with open(work / f"train.{lang}", "w") as fh:
-            for i in range(pairs):
-                fh.write(lines[i % len(lines)] + "\n")
+    if distinct:
+        make_distinct(work, pairs)
+    else:
+        for lang, lines in (("en", en), ("de", de)):
+            with open(work / f"train.{lang}", "w") as fh:
+                for i in range(pairs):
+                    fh.write(lines[i % len(lines)] + "\n")
     train_tokenizer(TokenizerTraining(type="unigram", vocab_size=VOCAB), list(zip(en, de)), work / "tokenizer")
     return len(en)
 
@@ -354,6 +365,8 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),
                         help="tokenizing processes of `rosetta prepare` and of datasets.map (default: every core)")
     parser.add_argument("--skip-current", action="store_true", help="leave out the in-memory lists (slow at 4M+)")
+    parser.add_argument("--first-start", action="store_true",
+                        help="a whole first start from the files (train and prepare) against datasets.map")
     parser.add_argument("--workdir", help="keep the corpus and outputs here (default: a temporary directory)")
     parser.add_argument("--output", default=str(REPO / "bench" / "results" / "data_scale.json"))
     args = parser.parse_args()
@@ -364,7 +377,7 @@ def main() -> int:
         # In a child, like every measurement: a spawned process inherits its parent's peak RSS.
         ctx = mp.get_context("spawn")
         queue = ctx.Queue()
-        maker = ctx.Process(target=_child, args=(make_corpus, (work, args.pairs), queue))
+        maker = ctx.Process(target=_child, args=(make_corpus, (work, args.pairs, args.first_start), queue))
         maker.start()
         base = queue.get(timeout=3600)
         maker.join()
@@ -376,6 +389,15 @@ def main() -> int:
             "setup_seconds": round(time.perf_counter() - started, 1),
             "load_average_at_start": os.getloadavg()[0],
         }
+        if args.first_start:
+            result["corpus"] += ", each copy prefixed with its number word"
+            from first_start import against_datasets
+
+            result.update(against_datasets(work, args.pairs, args.workers))
+            result["wall_seconds"] = round(time.perf_counter() - started, 1)
+            result["load_average_at_end"] = os.getloadavg()[0]
+            write_result(result, args.output)
+            return 0
         runs = {}
         if not args.skip_current:
             runs["current"] = run_alone("current", work, args.workers)

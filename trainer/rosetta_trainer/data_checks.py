@@ -30,18 +30,18 @@ training's DataInvalid condition instead of restarting the gang. Torch-free.
 from __future__ import annotations
 
 import glob
-import hashlib
 import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from rosetta_contract.data_fields import REQUIRED_BY_FORMAT, DataSpec
 from rosetta_contract.failures import FailureClass
 from rosetta_contract.languages import task_prefix
 
 from .data import DataError, Example, iter_source
+from .dedup import SeenDigests, first_occurrences, pair_digest
 from .termination import write_termination_message
 
 FILTERS = ("empty", "length_ratio", "test_overlap", "duplicate")
@@ -104,6 +104,7 @@ def read_checked(data: DataSpec, keep: bool = True, train_report: dict | None = 
                  read_train: bool = True) -> CheckedData:
     """Every split read and checked. `keep=False` only counts (`rosetta validate` on big corpora):
     the sources stream through (no file is held whole), leaving 8 bytes per distinct training pair
+    (16 at the peak of a merge, dedup.py)
     and the validation and test sources. With `train_report` (a start that found its prepared
     training data, shards.find_prepared) the training split is not read: its report is that one
     and `train` is empty. With `read_train=False` it is not read either: `training_text` streams
@@ -149,14 +150,18 @@ class TrainingText:
         data, checks = self.data, self.data.checks
         ratio = checks.max_length_ratio if data.task == "translation" else None
         held_out = self.held_out if checks.drop_test_overlap else None
-        report, seen = SplitReport(), set() if checks.drop_duplicates else None
+        # Digests in sorted numpy runs (dedup.py): 8 bytes per distinct pair, not a set's ~85.
+        report, seen = SplitReport(), SeenDigests() if checks.drop_duplicates else None
         for src in data.train:
-            checked = src.format != "generated"
-            for ex in iter_source(src, data):
-                report.read += 1
-                reason = checked and _rejected(ex, ratio, held_out, seen)
-                if reason:
-                    report.dropped[reason] += 1
+            examples = iter_source(src, data)
+            if src.format == "generated":
+                judged: Iterable[tuple[Example, bool]] = ((ex, True) for ex in _counted(examples, report))
+            else:
+                passed = _filtered(examples, ratio, held_out, report)
+                judged = first_occurrences(passed, _digest, seen) if seen is not None else ((ex, True) for ex in passed)
+            for ex, kept in judged:
+                if not kept:
+                    report.dropped["duplicate"] += 1
                     continue
                 report.kept += 1
                 yield ex
@@ -186,7 +191,24 @@ class TrainingPairs:
         return self.text.report.as_dict("train")
 
 
-def _rejected(ex: Example, ratio: float | None, held_out: set | None, seen: set | None) -> str | None:
+def _counted(examples: Iterable[Example], report: SplitReport) -> Iterator[Example]:
+    for ex in examples:
+        report.read += 1
+        yield ex
+
+
+def _filtered(examples: Iterable[Example], ratio: float | None, held_out: set | None,
+              report: SplitReport) -> Iterator[Example]:
+    """The examples that pass the filters before the duplicate one; the others counted."""
+    for ex in _counted(examples, report):
+        reason = _rejected(ex, ratio, held_out)
+        if reason:
+            report.dropped[reason] += 1
+        else:
+            yield ex
+
+
+def _rejected(ex: Example, ratio: float | None, held_out: set | None) -> str | None:
     source, target = ex.source.strip(), ex.target.strip()
     if not source or not target:
         return "empty"
@@ -194,14 +216,11 @@ def _rejected(ex: Example, ratio: float | None, held_out: set | None, seen: set 
         return "length_ratio"
     if held_out is not None and (ex.target_lang, source) in held_out:
         return "test_overlap"
-    if seen is not None:
-        # A digest, not the text: a corpus of 100M pairs then needs ~5 GB for this set, not ~30.
-        # blake2b rather than hash() so that every rank (own hash seed) keeps the same pairs.
-        key = hashlib.blake2b(f"{ex.target_lang}\0{source}\0{target}".encode(), digest_size=8).digest()
-        if key in seen:
-            return "duplicate"
-        seen.add(key)
     return None
+
+
+def _digest(ex: Example) -> bytes:
+    return pair_digest(ex.target_lang, ex.source.strip(), ex.target.strip())
 
 
 def describe_split(split: str, report: SplitReport) -> str:
