@@ -7,6 +7,7 @@ recognised, and so that it survives operator restarts and kopf's own bookkeeping
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any, Mapping, Optional
 
@@ -42,8 +43,18 @@ def applied_spec_of(jobset: Mapping[str, Any], default: dict[str, Any]) -> dict[
 
 
 def parsed_spec(spec: Mapping[str, Any]) -> Optional[TranslationTrainingSpec]:
-    """The spec a JobSet was built from (it was valid then); None if it no longer parses."""
+    """The spec a JobSet was built from (it was valid then); None if it no longer parses. Parsed once
+    per distinct spec, not once per event of its JobSet: the model is shared, to be read, not changed."""
     try:
-        return parse_spec(spec, allow_host_path=True)
+        key = json.dumps(plain(spec), sort_keys=True, separators=(",", ":"))
+    except (ConfigError, TypeError, ValueError):
+        return None
+    return _parsed(key)
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed(key: str) -> Optional[TranslationTrainingSpec]:
+    try:
+        return parse_spec(json.loads(key), allow_host_path=True)
     except ConfigError:
         return None

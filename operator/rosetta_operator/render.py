@@ -15,11 +15,7 @@ import posixpath
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-import yaml
-from pydantic import BaseModel
-
-from rosetta_contract.resource import API_VERSION, KIND
-from rosetta_contract.spec import TranslationTrainingSpec
+from rosetta_contract.spec import TrainingMetadata, TranslationTraining, TranslationTrainingSpec, dump_training
 from rosetta_contract.strict_model import ConfigError, clip
 from rosetta_contract.trainer_pod import is_under
 from rosetta_operator.failure_policies import failure_policy, pod_failure_policy
@@ -53,9 +49,6 @@ EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
 # not take Kueue's decision back (an operator restart re-suspended every admitted gang).
 APPLIED_SUSPEND = "rosetta.dev/applied-suspend"
 
-# libyaml when present, as templating.py reads with it: the pure-Python parser and emitter made YAML
-# most of a reconcile's CPU time.
-_Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
 @dataclass(frozen=True)
@@ -130,33 +123,13 @@ def own_directory_problems(name: str, spec: TranslationTrainingSpec) -> list[tup
     return problems
 
 
-def _drop_unset_nones(model: BaseModel, dumped: dict[str, Any]) -> dict[str, Any]:
-    """Drop `key: null` where null is the field's default; a null that overrides a
-    default (clipGradNorm: null disables clipping) must stay."""
-    out: dict[str, Any] = {}
-    for field_name, field in type(model).model_fields.items():
-        key = field.alias or field_name
-        value = getattr(model, field_name)
-        if value is None and field.default is None:
-            continue
-        if isinstance(value, BaseModel):
-            out[key] = _drop_unset_nones(value, dumped[key])
-        elif isinstance(value, list) and value and isinstance(value[0], BaseModel):
-            out[key] = [_drop_unset_nones(v, d) for v, d in zip(value, dumped[key])]
-        else:
-            out[key] = dumped[key]
-    return out
-
-
 def training_yaml(name: str, namespace: str, spec: TranslationTrainingSpec) -> str:
-    """The whole resolved document, defaults included, so what runs does not depend
-    on a later release's defaults; the trainer ignores the cluster keys."""
-    resolved = _drop_unset_nones(spec, spec.model_dump(mode="json", by_alias=True))
-    if spec.mode == "evaluate" and "training" not in spec.model_fields_set:
-        del resolved["training"]  # placeholders, not a training the trainer would accept
-    doc = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name, "namespace": namespace},
-           "spec": resolved}
-    return str(yaml.dump(doc, Dumper=_Dumper, sort_keys=False, allow_unicode=True))
+    """The ConfigMap's document, written as the pod's checkpoints write theirs (dump_training); the
+    trainer ignores the cluster keys."""
+    # Built, not validated: spec already was, and the name and namespace are the apiserver's.
+    metadata = TrainingMetadata.model_construct(name=name, namespace=namespace)
+    return dump_training(TranslationTraining.model_construct(api_version="rosetta.dev/v1alpha1",
+                                                             kind="TranslationTraining", metadata=metadata, spec=spec))
 
 
 def render(name: str, namespace: str, spec: TranslationTrainingSpec, owner: Mapping[str, Any] | None = None) -> Rendered:

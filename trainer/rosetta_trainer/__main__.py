@@ -18,13 +18,16 @@ import os
 import random
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import yaml
 
-from rosetta_contract.config import TrainingDocument
+from rosetta_contract.config import TrainerSpec
 from rosetta_contract.documents import apply_overrides, read_yaml
 from rosetta_contract.strict_model import ConfigError
+
+if TYPE_CHECKING:
+    from rosetta_contract.spec import TranslationTraining
 
 
 def train_from_file(path: str, output: str | None = None, overrides: list[str] | None = None,
@@ -37,15 +40,16 @@ def train_from_file(path: str, output: str | None = None, overrides: list[str] |
         raise ConfigError([("spec.mode", "evaluate trains nothing: run `rosetta evaluate -f FILE` "
                                          "(or `rosetta run -f FILE`)")])
     out = Path(output or Path("runs") / document.metadata.name)
-    return train(document, yaml.safe_dump(raw, sort_keys=False), out, progress=progress)
+    return train(document, out, progress=progress)
 
 
-def train(document: TrainingDocument, document_yaml: str, output: Path, progress: bool = True) -> dict:
+def train(document: TranslationTraining, output: Path, progress: bool = True) -> dict:
     # Heavy imports here, so that `rosetta --help` and config errors stay instant.
     import torch
     import transformers
 
     from rosetta_contract import final_result
+    from rosetta_contract.spec import dump_training
     from rosetta_trainer import checkpoint as ckpt
     from rosetta_trainer.cpu_allocator import keep_freed_memory
     from rosetta_trainer.data_checks import describe
@@ -127,7 +131,8 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
     telemetry = Telemetry(output, name=document.metadata.name, namespace=document.metadata.namespace,
                           port=spec.metrics.port, tensorboard=spec.metrics.tensorboard,
                           enabled=world.is_main, resumed_step=position.step, tracking=spec.tracking,
-                          config=spec.model_dump(mode="json", by_alias=True, exclude_none=True))
+                          config=spec.model_dump(mode="json", by_alias=True, exclude_none=True,
+                                                 include=set(TrainerSpec.model_fields)))
     # Set by the JobSet (and `rosetta run`) on every pod: how often the gang was restarted.
     restart_attempt = int(os.environ.get("ROSETTA_RESTART_ATTEMPT") or 0)
     telemetry.set_static(restarts=restart_attempt, resumed_from_step=position.step, best_bleu=position.best_score)
@@ -135,7 +140,7 @@ def train(document: TrainingDocument, document_yaml: str, output: Path, progress
         telemetry.log_checkpoint(step=position.step, path=resume_from)
     trainer = Trainer(spec=spec, world=world, model=model, tokenizer=tokenizer, train_corpus=corpus,
                       validation=validation, test=test, checkpoints=checkpoints, telemetry=telemetry,
-                      document_yaml=document_yaml, position=position, progress=progress)
+                      document_yaml=dump_training(document), position=position, progress=progress)
     if world.is_main and spec.distributed.backend == "deepspeed":
         import json
 

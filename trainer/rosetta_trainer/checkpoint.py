@@ -16,7 +16,7 @@ Layout of one checkpoint:
         tokenizer/
         trainer_state.pt  optimizer, scheduler, step and data position
         rng/rank-N.pt     each rank's RNG state (dropout differs per rank)
-        training.yaml     the document the run was started with
+        training.yaml     the document the run was started with (spec.dump_training; earlier versions: as read)
         meta.json         step, epoch, validation BLEU, world size
         COMPLETE
 """

@@ -18,7 +18,6 @@ from typing import Callable
 import torch
 
 from rosetta_contract.config import TrainerSpec
-from rosetta_contract.documents import parse_document
 from rosetta_contract.evaluation_fields import EvaluationSpec
 from rosetta_contract.languages import task_prefix
 from rosetta_contract.metrics import METRICS, ROUGE_METRICS
@@ -272,9 +271,9 @@ def load_checkpoint_for_inference(path: str | Path, device: torch.device):
         raise ConfigError([("--checkpoint", f"{path} holds no model (no config.json in {model_dir})")])
     spec = None
     if (path / "training.yaml").is_file():
-        from rosetta_contract.documents import read_yaml
+        from rosetta_contract.spec import load_saved
 
-        spec = parse_document(read_yaml(path / "training.yaml"), str(path / "training.yaml")).spec
+        spec = load_saved(path / "training.yaml").spec
     from rosetta_trainer.deepspeed_backend import consolidated_model, is_deepspeed_checkpoint
 
     if is_deepspeed_checkpoint(path):  # ZeRO shards: gather them (an export does this once, ahead)
