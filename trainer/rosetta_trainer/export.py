@@ -31,7 +31,7 @@ import os
 import shutil
 from pathlib import Path
 
-from rosetta_contract.documents import parse_document
+from rosetta_contract.spec import load_saved
 
 EXPORT_FILE = "export.json"
 FORMATS = ("ctranslate2", "onnx")
@@ -219,9 +219,7 @@ def load_ctranslate2(path: Path, device: str = "auto", device_index: int = 0):
     model = CTranslate2Model(path, device, device_index=device_index)
     spec = None
     if (Path(path) / "training.yaml").is_file():
-        from rosetta_contract.documents import read_yaml
-
-        spec = parse_document(read_yaml(Path(path) / "training.yaml"), str(Path(path) / "training.yaml")).spec
+        spec = load_saved(Path(path) / "training.yaml").spec
     return model, model.tokenizer, spec
 
 
