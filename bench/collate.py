@@ -53,9 +53,9 @@ def main(argv=None) -> int:
     import torch
     from transformers import DataCollatorForSeq2Seq, MarianConfig, MarianMTModel
 
-    from rosetta_trainer.batching import Collation, EncodedCorpus
-    from rosetta_trainer.flops import Seq2SeqDims, training_flops
-    from rosetta_trainer.shards import ShardedCorpus
+    from rosetta_trainer.data.batching import Collation, EncodedCorpus
+    from rosetta_trainer.planning.flops import Seq2SeqDims, training_flops
+    from rosetta_trainer.preparation.shards import ShardedCorpus
 
     rng = np.random.default_rng(0)
     n = args.pairs * args.batches

@@ -82,7 +82,7 @@ def _read(work: Path) -> tuple[list[str], list[str]]:
 
 
 def _tokenizer(work: Path):
-    from rosetta_trainer.tokenization import load_tokenizer
+    from rosetta_trainer.models.tokenization import load_tokenizer
 
     return load_tokenizer(work / "tokenizer")
 
@@ -90,7 +90,7 @@ def _tokenizer(work: Path):
 # Each job runs in its own process and returns a dict of figures.
 
 def job_current(work: Path, workers: int) -> dict:
-    from rosetta_trainer.batching import encode
+    from rosetta_trainer.data.batching import encode
 
     tokenizer = _tokenizer(work)
     sources, targets = _read(work)
@@ -129,7 +129,7 @@ class _Pairs:
 def _alone():
     import torch
 
-    from rosetta_trainer.distributed import World
+    from rosetta_trainer.runtime.distributed import World
 
     return World(rank=0, local_rank=0, size=1, device=torch.device("cpu"), local_size=1)
 
@@ -138,8 +138,8 @@ def job_prepare(work: Path, workers: int) -> dict:
     """`rosetta prepare`'s part after reading, from text in memory as datasets.map is given it:
     hashing, tokenizing and writing in one pass (with the data files' identity, as the trainer
     records it for its restarts)."""
-    from rosetta_trainer import shards
-    from rosetta_trainer.data_identity import data_identity
+    from rosetta_trainer.preparation import shards
+    from rosetta_trainer.preparation.data_identity import data_identity
 
     tokenizer = _tokenizer(work)
     text = _Pairs(*_read(work))
@@ -157,8 +157,8 @@ def job_prepare_files(work: Path, workers: int) -> dict:
     """`rosetta prepare` from the data files, what a first start's writing rank does: reading,
     checking, hashing, tokenizing and writing in one pass with the text streaming through. Its
     peak memory is the point: it must not grow with the corpus."""
-    from rosetta_trainer import shards
-    from rosetta_trainer.data_checks import read_checked
+    from rosetta_trainer.preparation import shards
+    from rosetta_trainer.preparation.data_checks import read_checked
 
     tokenizer = _tokenizer(work)
     before = _memory()
@@ -172,8 +172,8 @@ def job_prepare_files(work: Path, workers: int) -> dict:
 
 def job_startup(work: Path, workers: int) -> dict:
     """A start that has read the text (a first start, or changed files): key it, map it."""
-    from rosetta_trainer import shards
-    from rosetta_trainer.batching import plan_epoch
+    from rosetta_trainer.data.batching import plan_epoch
+    from rosetta_trainer.preparation import shards
 
     tokenizer = _tokenizer(work)
     text = _Pairs(*_read(work))
@@ -189,8 +189,8 @@ def job_startup(work: Path, workers: int) -> dict:
 def job_restart(work: Path, workers: int) -> dict:
     """A restart with unchanged data files: their identity finds the directory; no text is read
     (read_text of the files is what the other start-ups pay before they begin)."""
-    from rosetta_trainer import shards
-    from rosetta_trainer.data_identity import data_identity
+    from rosetta_trainer.preparation import shards
+    from rosetta_trainer.preparation.data_identity import data_identity
 
     tokenizer = _tokenizer(work)
     before = _memory()
@@ -249,7 +249,7 @@ def _with_baseline(before: dict, after: dict) -> dict:
 
 
 def rank_current(work: Path, barrier) -> dict:
-    from rosetta_trainer.batching import encode
+    from rosetta_trainer.data.batching import encode
 
     tokenizer = _tokenizer(work)
     before = _memory()
@@ -261,7 +261,7 @@ def rank_current(work: Path, barrier) -> dict:
 
 
 def rank_prepared(work: Path, barrier) -> dict:
-    from rosetta_trainer import shards
+    from rosetta_trainer.preparation import shards
 
     tokenizer = _tokenizer(work)
     before = _memory()
@@ -344,7 +344,7 @@ def make_corpus(work: Path, pairs: int, distinct: bool = False) -> int:
     from tokenizer_sample import make_corpus as make_distinct
 
     from rosetta_contract.model_fields import TokenizerTraining
-    from rosetta_trainer.tokenization import train_tokenizer
+    from rosetta_trainer.models.tokenization import train_tokenizer
 
     en = gzip.open(MULTI30K / "train.en.gz", "rt").read().splitlines()
     de = gzip.open(MULTI30K / "train.de.gz", "rt").read().splitlines()

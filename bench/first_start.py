@@ -67,20 +67,20 @@ def _imported() -> None:
     """What a start has imported before its data stage, so that both jobs share one baseline."""
     import transformers  # noqa: F401
 
-    import rosetta_trainer.__main__  # noqa: F401
-    import rosetta_trainer.prepare_command  # noqa: F401
-    import rosetta_trainer.shards  # noqa: F401
-    import rosetta_trainer.tokenization  # noqa: F401
+    import rosetta_trainer.commands.prepare  # noqa: F401
+    import rosetta_trainer.commands.train  # noqa: F401
+    import rosetta_trainer.models.tokenization  # noqa: F401
+    import rosetta_trainer.preparation.shards  # noqa: F401
 
 
 def job_first_start(work: Path, workers: int, original: bool = False) -> dict:
     """`rosetta train`'s data stage on one process, phase by phase (prepare_data's steps)."""
     _imported()
-    import rosetta_trainer.__main__ as trainer
-    from rosetta_trainer.batching import batch_shapes, plan_epoch
-    from rosetta_trainer.data_checks import read_checked
-    from rosetta_trainer.data_identity import data_identity
-    from rosetta_trainer.shards import PREPARED_DIR, find_prepared, prepare_corpus
+    import rosetta_trainer.commands.train as trainer
+    from rosetta_trainer.data.batching import batch_shapes, plan_epoch
+    from rosetta_trainer.preparation.data_checks import read_checked
+    from rosetta_trainer.preparation.data_identity import data_identity
+    from rosetta_trainer.preparation.shards import PREPARED_DIR, find_prepared, prepare_corpus
 
     spec = example_spec(work, original)
     d, b, output, world = spec.data, spec.training.batch, work / ("train-original" if original else "train"), _alone()
@@ -127,7 +127,7 @@ def job_first_start(work: Path, workers: int, original: bool = False) -> dict:
 def job_stage_prepare(work: Path, workers: int) -> dict:
     """The stage job's `rosetta prepare`, as a whole."""
     _imported()
-    from rosetta_trainer.prepare_command import prepare_training
+    from rosetta_trainer.commands.prepare import prepare_training
 
     spec = example_spec(work)
     before = _memory()

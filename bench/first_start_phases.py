@@ -14,7 +14,7 @@ every pair, validated and tested on Multi30k's own sets. Measured two ways:
   from those shards. Each reports the peak RSS it added to a process that has imported the
   trainer (torch and transformers: the baseline), and for the tokenizing phases the peak RSS of
   the largest tokenizing worker (forked, so it shares the parent's pages);
-- all of them in one process, in the start's order (trainer/rosetta_trainer/__main__.py,
+- all of them in one process, in the start's order (trainer/rosetta_trainer/commands/train.py,
   prepare_data, then the first epoch's plan), with the RSS sampled every 10 ms: what the process
   holds during each phase, with what earlier phases left behind.
 
@@ -59,7 +59,7 @@ def _spec(work: Path):
 
 
 def _text(spec, drop_duplicates: bool = True):
-    from rosetta_trainer.data_checks import read_checked
+    from rosetta_trainer.preparation.data_checks import read_checked
 
     spec.data.checks.drop_duplicates = drop_duplicates
     return read_checked(spec.data, read_train=False).training_text.pairs(spec.uses_task_prefix())
@@ -73,7 +73,7 @@ def _count(stream) -> int:
 
 
 def _tokenizer(work: Path):
-    from rosetta_trainer.tokenization import load_tokenizer
+    from rosetta_trainer.models.tokenization import load_tokenizer
 
     return load_tokenizer(work / "tokenizer")
 
@@ -85,7 +85,7 @@ def _worker_peak_mib() -> float:
 # Each phase runs in its own process, from the files, and returns what it added to the baseline.
 
 def phase_read(work: Path) -> dict:
-    from rosetta_trainer.data import iter_source
+    from rosetta_trainer.data.reader import iter_source
 
     spec = _spec(work)
     return {"pairs": sum(_count(iter_source(src, spec.data)) for src in spec.data.train)}
@@ -100,7 +100,7 @@ def phase_dedup(work: Path) -> dict:
 
 
 def phase_tokenizer(work: Path) -> dict:
-    from rosetta_trainer.tokenization import train_tokenizer
+    from rosetta_trainer.models.tokenization import train_tokenizer
 
     spec = _spec(work)
     tokenizer = train_tokenizer(spec.tokenizer.train, _text(spec), work / "tokenizer")
@@ -108,7 +108,7 @@ def phase_tokenizer(work: Path) -> dict:
 
 
 def phase_tokenize(work: Path) -> dict:
-    from rosetta_trainer import shards
+    from rosetta_trainer.preparation import shards
 
     spec = _spec(work)
     tokens = 0
@@ -119,8 +119,8 @@ def phase_tokenize(work: Path) -> dict:
 
 
 def phase_write(work: Path) -> dict:
-    from rosetta_trainer import shards
-    from rosetta_trainer.data_identity import data_identity
+    from rosetta_trainer.preparation import shards
+    from rosetta_trainer.preparation.data_identity import data_identity
 
     spec = _spec(work)
     text = _text(spec)
@@ -132,9 +132,9 @@ def phase_write(work: Path) -> dict:
 
 
 def phase_plan(work: Path) -> dict:
-    from rosetta_trainer import shards
-    from rosetta_trainer.batching import batch_shapes, plan_epoch
-    from rosetta_trainer.data_identity import data_identity
+    from rosetta_trainer.data.batching import batch_shapes, plan_epoch
+    from rosetta_trainer.preparation import shards
+    from rosetta_trainer.preparation.data_identity import data_identity
 
     spec = _spec(work)
     found = shards.find_prepared(work / "prepared", data_identity(spec.data, use_prefix=spec.uses_task_prefix()),
@@ -150,8 +150,8 @@ def phase_plan(work: Path) -> dict:
 
 def measured(phase, work: Path) -> dict:
     # What every phase imports first, so that the baseline is a process ready to start.
-    import rosetta_trainer.shards  # noqa: F401
-    import rosetta_trainer.tokenization  # noqa: F401
+    import rosetta_trainer.models.tokenization  # noqa: F401
+    import rosetta_trainer.preparation.shards  # noqa: F401
 
     _spec(work)
     before = _memory()
@@ -195,11 +195,11 @@ def one_start(work: Path) -> dict:
     """The phases in the start's order, in one process (prepare_data and the first plan)."""
     sampler = Sampler()
     sampler.start()
-    from rosetta_trainer import shards
-    from rosetta_trainer.batching import batch_shapes, plan_epoch
-    from rosetta_trainer.data_checks import read_checked
-    from rosetta_trainer.data_identity import data_identity
-    from rosetta_trainer.tokenization import train_tokenizer
+    from rosetta_trainer.data.batching import batch_shapes, plan_epoch
+    from rosetta_trainer.models.tokenization import train_tokenizer
+    from rosetta_trainer.preparation import shards
+    from rosetta_trainer.preparation.data_checks import read_checked
+    from rosetta_trainer.preparation.data_identity import data_identity
 
     spec = _spec(work)
     d, b = spec.data, spec.training.batch

@@ -9,7 +9,7 @@ so the two cannot drift apart:
 
 Writes, like a Rosetta run, `metrics.jsonl` (one line per optimizer step: non-pad target
 tokens and training seconds, evaluation excluded), `eval.jsonl` (validation BLEU every
-`evaluation.interval` steps, scored by rosetta_trainer.evaluate so decoding and sacreBLEU are
+`evaluation.interval` steps, scored by rosetta_trainer.evaluation.evaluate so decoding and sacreBLEU are
 identical to Rosetta's) and `summary.json`.
 
 Two departures from run_translation.py, both measurement only: the training set is a list of
@@ -40,10 +40,10 @@ from transformers import (  # noqa: E402
 )
 
 from rosetta_contract.documents import load_document
-from rosetta_trainer.data_checks import read_checked  # noqa: E402
-from rosetta_trainer.distributed import World, pick_device  # noqa: E402
-from rosetta_trainer.evaluate import evaluate_examples, model_inputs  # noqa: E402
-from rosetta_trainer.models import freeze_fixed_positions  # noqa: E402
+from rosetta_trainer.evaluation.evaluate import evaluate_examples, model_inputs  # noqa: E402
+from rosetta_trainer.models.models import freeze_fixed_positions  # noqa: E402
+from rosetta_trainer.preparation.data_checks import read_checked  # noqa: E402
+from rosetta_trainer.runtime.distributed import World, pick_device  # noqa: E402
 
 IGNORE_INDEX = -100
 # Rosetta's schedule names -> the Trainer's lr_scheduler_type. noam (inverse square root) has

@@ -15,7 +15,7 @@ process, so that a machine that slows down over time penalises both alike.
 Reported per system (median over repeats) and as Rosetta/peer ratios:
 - throughput: non-pad target tokens per second of training, steps after --skip-steps only;
 - time to BLEU: training seconds (validation passes excluded) until the first validation
-  BLEU >= --bleu; both are scored by rosetta_trainer.evaluate (greedy, same sacreBLEU);
+  BLEU >= --bleu; both are scored by rosetta_trainer.evaluation.evaluate (greedy, same sacreBLEU);
 - peak RSS of the run's main process and of its whole process tree (sampled with psutil).
 
 Results go to --results (JSON and a markdown table); run directories to --work.
@@ -53,7 +53,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--architecture", default="transformer", choices=["transformer", "t5"],
                    help="from-scratch architecture (default transformer: Marian's; t5: T5's relative attention)")
     p.add_argument("--model-size", default="small", choices=["tiny", "small", "base", "big"],
-                   help="preset of rosetta_trainer.models (default small; transformer small: 256 dims, 3+3 layers; "
+                   help="preset of rosetta_trainer.models.models (default small; transformer small: 256 dims, 3+3 layers; "
                         "t5 small: t5-small's shape)")
     p.add_argument("--compile", default="none",
                    choices=["none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
@@ -129,9 +129,9 @@ def prepare(args, work: Path) -> tuple[Path, str]:
 
     from rosetta_contract.data_fields import DataSpec
     from rosetta_contract.model_fields import ModelSpec, TokenizerTraining
-    from rosetta_trainer.data import read_split
-    from rosetta_trainer.models import build_model, count_parameters
-    from rosetta_trainer.tokenization import train_tokenizer
+    from rosetta_trainer.data.reader import read_split
+    from rosetta_trainer.models.models import build_model, count_parameters
+    from rosetta_trainer.models.tokenization import train_tokenizer
 
     data, data_name = data_section(args)
     examples = read_split(DataSpec.model_validate(data), "train")

@@ -24,7 +24,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "contract"), str(REPO / "operator"), str(REPO / "trainer")]
 
-from rosetta_trainer.batching import BatchShapes, plan_epoch  # noqa: E402
+from rosetta_trainer.data.batching import BatchShapes, plan_epoch  # noqa: E402
 
 POLICIES = {
     "longest in the batch (the default)": BatchShapes(),
@@ -49,8 +49,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def lengths(args) -> tuple[np.ndarray, np.ndarray]:
     from rosetta_contract.data_fields import DataSpec
     from rosetta_contract.model_fields import TokenizerTraining
-    from rosetta_trainer.data import read_split
-    from rosetta_trainer.tokenization import train_tokenizer
+    from rosetta_trainer.data.reader import read_split
+    from rosetta_trainer.models.tokenization import train_tokenizer
 
     d = args.data.resolve()
     data = DataSpec.model_validate({"sourceLang": "en", "targetLangs": ["de"], "maxSourceLength": 96,

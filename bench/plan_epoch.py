@@ -20,7 +20,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "contract"), str(REPO / "operator"), str(REPO / "trainer"), str(REPO / "tests")]
 
-from rosetta_trainer.batching import plan_epoch  # noqa: E402
+from rosetta_trainer.data.batching import plan_epoch  # noqa: E402
 from support.plan_reference import reference_plan  # noqa: E402
 
 

@@ -3,11 +3,11 @@
     python bench/step_counts.py [--model transformer-base|t5-small|...] [--pairs 16] [--modes none,default]
 
 For each variant the same model, weights and batch: operators dispatched, kernels run and host-device
-synchronisations per optimizer step (rosetta_trainer/step_counters.py, torch's profiler), plus the
+synchronisations per optimizer step (rosetta_trainer/engine/step_counters.py, torch's profiler), plus the
 step's wall time on this machine. None of the counts depends on the batch size, so a small batch on
 a CPU says what the step launches on a GPU; the seconds are only this machine's.
 
-- rosetta (compile MODE): rosetta_trainer.backends.DDPBackend as the loop drives it (forward_loss,
+- rosetta (compile MODE): rosetta_trainer.engine.backends.DDPBackend as the loop drives it (forward_loss,
   backward, step) on a batch made by the loader's Collation.
 - seq2seq-trainer: what transformers' Trainer.train runs for one optimizer step, called piece by
   piece on the same batch in its collator's format: get_batch_samples (the token count),
@@ -31,11 +31,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "contract"), str(REPO / "operator"), str(REPO / "trainer")]
 
 from rosetta_contract.documents import parse_document  # noqa: E402
-from rosetta_trainer.backends import build_backend  # noqa: E402
-from rosetta_trainer.batching import BatchShapes, Collation, EncodedCorpus  # noqa: E402
-from rosetta_trainer.distributed import World  # noqa: E402
-from rosetta_trainer.models import build_model  # noqa: E402
-from rosetta_trainer.step_counters import count_step, profile_kernels  # noqa: E402
+from rosetta_trainer.data.batching import BatchShapes, Collation, EncodedCorpus  # noqa: E402
+from rosetta_trainer.engine.backends import build_backend  # noqa: E402
+from rosetta_trainer.engine.step_counters import count_step, profile_kernels  # noqa: E402
+from rosetta_trainer.models.models import build_model  # noqa: E402
+from rosetta_trainer.runtime.distributed import World  # noqa: E402
 
 # --model NAME -> spec.model
 MODELS = {

@@ -1,7 +1,7 @@
 """The tokenizer's training sample against training on every sentence: memory, time, vocabulary.
 
 `tokenizer.train.maxSentences` defaults to a seeded reservoir sample of 1,000,000 pairs. This
-trains the tokenizer as the trainer does (rosetta_trainer.tokenization.train_tokenizer, one
+trains the tokenizer as the trainer does (rosetta_trainer.models.tokenization.train_tokenizer, one
 thread: the trainer sets TOKENIZERS_PARALLELISM=false) on a corpus of --pairs pairs streamed from
 its files, once on everything (`maxSentences: null`) and once per --samples size, each in a fresh
 process, and reports for each:
@@ -86,7 +86,7 @@ def _stream(work: Path):
 
 def job_train(work: Path, name: str, settings: dict, module: str | None = None) -> dict:
     from rosetta_contract.model_fields import TokenizerTraining
-    from rosetta_trainer.tokenization import train_tokenizer
+    from rosetta_trainer.models.tokenization import train_tokenizer
 
     if module is not None:
         loaded = importlib.util.spec_from_file_location("former_tokenization", module)
@@ -126,7 +126,7 @@ def main() -> int:
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--former", metavar="FILE",
                         help="also train on everything with this tokenization.py, e.g. an earlier one: "
-                             "git show <commit>:trainer/rosetta_trainer/tokenization.py > /tmp/former.py")
+                             "git show <commit>:trainer/rosetta_trainer/models/tokenization.py > /tmp/former.py")
     parser.add_argument("--workdir", help="keep the corpus and tokenizers here (default: a temporary directory)")
     parser.add_argument("--output", default=str(REPO / "bench" / "results" / "tokenizer_sample.json"))
     args = parser.parse_args()

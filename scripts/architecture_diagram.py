@@ -12,7 +12,7 @@ the upper one imports one of the lower, left out where a path through other laye
 A layer's title is the comment above it in pyproject.toml, up to its first colon or semicolon (its
 modules' names where it has none).
 Modules a non-exhaustive contract has not placed yet get a box of their own; packages no contract
-layers (the trainer, the command line) are drawn flat, as they are.
+layers (the command line) are drawn flat, as it is. A subpackage named as a layer brings all its modules.
 
 The output is sorted and carries no date, so running it twice changes nothing, and only the text
 between the two markers is rewritten. tests/unit/test_architecture_diagram.py fails when the

@@ -9,7 +9,7 @@ from pathlib import Path
 from rosetta_cli import validate
 from rosetta_contract import __version__
 from rosetta_operator import cli as operator_cli
-from rosetta_trainer import cli as trainer_cli
+from rosetta_trainer.commands import cli as trainer_cli
 
 PLUGIN = "kubectl-rosetta"
 # As `kubectl rosetta`, the help lists the verbs that act on the cluster, then the offline helpers

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _warn_if_it_does_not_fit(spec: TranslationTrainingSpec) -> None:
     # Only the warning line of `rosetta plan`; CPU training returns before torch is imported.
-    from rosetta_trainer.memory_plan import fit_warnings
+    from rosetta_trainer.planning.memory_plan import fit_warnings
 
     for line in fit_warnings(spec):
         print(line, file=sys.stderr)
@@ -53,7 +53,7 @@ def _warn_if_it_does_not_fit(spec: TranslationTrainingSpec) -> None:
 
 def _check_data(data: DataSpec) -> str | None:
     """The data checks the trainer runs first (data_checks.py), when the files are here."""
-    from rosetta_trainer.data_checks import describe_split, needs_checking, read_checked, unreachable
+    from rosetta_trainer.preparation.data_checks import describe_split, needs_checking, read_checked, unreachable
 
     if not needs_checking(data):
         return None  # only the generated demo corpus: nothing to check

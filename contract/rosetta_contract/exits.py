@@ -50,14 +50,14 @@ OOM_KILLED_EXIT = 82
 ERROR_EXITS: tuple[tuple[str, str, int], ...] = (
     ("rosetta_contract.strict_model", "ConfigError", CONFIG_EXIT),  # PolicyViolation too
     ("rosetta_operator.policy", "PolicyError", CONFIG_EXIT),  # an admin policy file that cannot be used
-    ("rosetta_trainer.data", "DataError", DATA_INVALID_EXIT),
-    ("rosetta_trainer.checkpoint", "SharedStorageError", CONFIG_EXIT),  # where the job runs
-    ("rosetta_trainer.checkpoint", "UnsafeCheckpointError", CONFIG_EXIT),  # a checkpoint that would run code
-    ("rosetta_trainer.averaging", "AveragingError", CONFIG_EXIT),  # what the checkpoints are
-    ("rosetta_trainer.export", "ExportError", CONFIG_EXIT),
-    ("rosetta_trainer.loop", "NonFiniteError", NON_FINITE_EXIT),
-    ("rosetta_trainer.distributed", "CollectiveTimeout", COLLECTIVE_TIMEOUT_EXIT),
-    ("rosetta_trainer.preflight", "NodeUnhealthy", NODE_UNHEALTHY_EXIT),
+    ("rosetta_trainer.data.examples", "DataError", DATA_INVALID_EXIT),
+    ("rosetta_trainer.checkpoints.checkpoint", "SharedStorageError", CONFIG_EXIT),  # where the job runs
+    ("rosetta_trainer.checkpoints.checkpoint", "UnsafeCheckpointError", CONFIG_EXIT),  # a checkpoint that would run code
+    ("rosetta_trainer.checkpoints.averaging", "AveragingError", CONFIG_EXIT),  # what the checkpoints are
+    ("rosetta_trainer.evaluation.ctranslate2_models", "ExportError", CONFIG_EXIT),
+    ("rosetta_trainer.engine.loop", "NonFiniteError", NON_FINITE_EXIT),
+    ("rosetta_trainer.runtime.distributed", "CollectiveTimeout", COLLECTIVE_TIMEOUT_EXIT),
+    ("rosetta_trainer.runtime.preflight", "NodeUnhealthy", NODE_UNHEALTHY_EXIT),
     ("torch", "OutOfMemoryError", CUDA_OUT_OF_MEMORY_EXIT),  # torch.cuda.OutOfMemoryError is the same class
 )
 

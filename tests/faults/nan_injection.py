@@ -6,7 +6,7 @@ import os
 import sys
 
 from rosetta_cli.main import main
-from rosetta_trainer.loop import Trainer
+from rosetta_trainer.engine.loop import Trainer
 
 POISONED = {int(s) for s in sys.argv[1].split(",")}
 _micro_step = Trainer._micro_step

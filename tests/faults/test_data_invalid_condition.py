@@ -16,8 +16,8 @@ import yaml
 from rosetta_contract.exits import TERMINATION_LOG_ENV
 from rosetta_contract.resource import Phase
 from rosetta_operator.conditions import ConditionType, Reason
-from rosetta_trainer.data import DataError
-from rosetta_trainer.data_checks import report_data_invalid
+from rosetta_trainer.data.examples import DataError
+from rosetta_trainer.preparation.data_checks import report_data_invalid
 from support.cluster import REPO, Cluster, wait_for
 
 pytestmark = pytest.mark.integration

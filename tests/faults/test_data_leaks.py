@@ -24,7 +24,7 @@ import yaml
 
 from rosetta_contract.exits import DATA_INVALID_EXIT, TERMINATION_LOG_ENV, TERMINATION_PREFIX
 from rosetta_operator.status import data_invalid_message
-from rosetta_trainer.data import MAX_LINE_BYTES
+from rosetta_trainer.data.reader import MAX_LINE_BYTES
 from support.training import TINY, deep_update
 
 SECRET = "hunter2-4f1c9e7a-SECRET-VALUE"

@@ -20,9 +20,9 @@ import yaml
 from rosetta_cli.main import main
 from rosetta_contract.data_fields import DataSpec
 from rosetta_contract.exits import DATA_INVALID_EXIT, TERMINATION_PREFIX
-from rosetta_trainer.corpus import generate_pairs
-from rosetta_trainer.data import DataError
-from rosetta_trainer.data_checks import read_checked
+from rosetta_trainer.data.corpus import generate_pairs
+from rosetta_trainer.data.examples import DataError
+from rosetta_trainer.preparation.data_checks import read_checked
 from support.training import TINY, deep_update
 
 
@@ -217,7 +217,7 @@ def test_train_in_a_pod_leaves_the_error_in_the_termination_message(tmp_path):
 
 @pytest.mark.slow
 def test_a_training_on_a_dirty_corpus_reports_what_it_dropped(tmp_path):
-    from rosetta_trainer.__main__ import train_from_file
+    from rosetta_trainer.commands.train import train_from_file
 
     clean = list(dict.fromkeys(generate_pairs("de", 400, 1)))
     validation = generate_pairs("de", 24, 2)

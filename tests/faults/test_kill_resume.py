@@ -31,7 +31,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from rosetta_trainer.checkpoint import complete_checkpoints, step_dir_name
+from rosetta_trainer.checkpoints.checkpoint import complete_checkpoints, step_dir_name
 from support.trainer_processes import kill_gang, lines_of, new_records, rank_pid, start_training
 from support.training import TINY, deep_update, read_jsonl
 

@@ -16,7 +16,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from rosetta_trainer.checkpoint import complete_checkpoints
+from rosetta_trainer.checkpoints.checkpoint import complete_checkpoints
 from support.training import TINY, deep_update, read_jsonl
 
 pytestmark = pytest.mark.slow

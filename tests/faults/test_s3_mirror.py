@@ -23,10 +23,11 @@ import pytest
 import yaml
 
 from rosetta_contract.checkpoint_fields import S3MirrorSpec
-from rosetta_trainer import s3_checkpoints, s3_client, s3_mirror
-from rosetta_trainer.s3_checkpoints import MANIFEST
-from rosetta_trainer.s3_client import Counters, MirrorError, RetryPolicy
-from rosetta_trainer.s3_mirror import Mirror
+from rosetta_trainer.checkpoints import s3_checkpoints, s3_mirror
+from rosetta_trainer.checkpoints.s3_checkpoints import MANIFEST
+from rosetta_trainer.checkpoints.s3_mirror import Mirror
+from rosetta_trainer.runtime import s3_client
+from rosetta_trainer.runtime.s3_client import Counters, MirrorError, RetryPolicy
 from support.s3_server import FaultyProxy, isolate_aws_env, moto_s3
 from support.training import TINY, deep_update, read_jsonl
 
@@ -292,7 +293,7 @@ def test_finish_waits_and_newer_checkpoints_supersede_queued_ones(s3_url, bucket
 def test_resume_point_prefers_the_local_checkpoint(s3_url, bucket, tmp_path):
     import torch
 
-    from rosetta_trainer.distributed import World
+    from rosetta_trainer.runtime.distributed import World
 
     world = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"))
     _upload(s3_url, bucket, fake_checkpoint(tmp_path / "src", 20))
@@ -311,7 +312,7 @@ def test_resume_point_prefers_the_local_checkpoint(s3_url, bucket, tmp_path):
 
 @pytest.mark.slow
 def test_a_new_node_resumes_a_real_training_from_s3(s3_url, bucket, tmp_path):
-    from rosetta_trainer.__main__ import train_from_file
+    from rosetta_trainer.commands.train import train_from_file
 
     # 1 in 7 requests fails during the first run: training neither waits nor dies for it.
     with FaultyProxy(s3_url, lambda method, path, n: 503 if n % 7 == 0 else None) as proxy:
@@ -347,9 +348,9 @@ NODE_SCRIPT = """
 import json, os, sys
 from pathlib import Path
 from rosetta_contract.checkpoint_fields import S3MirrorSpec
-from rosetta_trainer.distributed import close, init_world
-from rosetta_trainer.s3_client import RetryPolicy
-from rosetta_trainer.s3_mirror import resume_point
+from rosetta_trainer.runtime.distributed import close, init_world
+from rosetta_trainer.runtime.s3_client import RetryPolicy
+from rosetta_trainer.checkpoints.s3_mirror import resume_point
 
 world = init_world("cpu", timeout_s=60)
 spec = S3MirrorSpec(uri=sys.argv[1], endpoint_url=sys.argv[2])

@@ -29,8 +29,8 @@ import yaml
 from rosetta_contract.failures import ATTEMPT_ENV, attempt_log_path
 from rosetta_contract.spec import parse_training
 from rosetta_operator.render import render
-from rosetta_trainer.checkpoint import complete_checkpoints
-from rosetta_trainer.preemption import GRACE_ENV
+from rosetta_trainer.checkpoints.checkpoint import complete_checkpoints
+from rosetta_trainer.engine.preemption import GRACE_ENV
 from support.trainer_processes import has_exited, kill_gang, lines_of, new_records, rank_pid
 from support.training import TINY, deep_update
 

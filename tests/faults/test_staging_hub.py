@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from rosetta_contract.staging_fields import StagingSpec
-from rosetta_trainer.data import DataError
-from rosetta_trainer.staging import MARKER, StagingError, stage
+from rosetta_trainer.data.examples import DataError
+from rosetta_trainer.preparation.staging import MARKER, StagingError, stage
 from support.fake_hub import fake_hub
 
 MODEL = {"config.json": b'{"model_type": "t5"}', "model.safetensors": b"\x01" * 70_000, "spiece.model": b"spm"}

@@ -10,9 +10,9 @@ import boto3
 import pytest
 
 from rosetta_contract.staging_fields import StagingSpec
-from rosetta_trainer.data import DataError
-from rosetta_trainer.s3_client import MirrorError, RetryPolicy
-from rosetta_trainer.staging import MARKER, StagingError, stage, staged_from
+from rosetta_trainer.data.examples import DataError
+from rosetta_trainer.preparation.staging import MARKER, StagingError, stage, staged_from
+from rosetta_trainer.runtime.s3_client import MirrorError, RetryPolicy
 from support.s3_server import FaultyProxy, isolate_aws_env, moto_s3
 
 FAST = RetryPolicy(attempts=3, first_delay_s=0.01, max_delay_s=0.05, http_attempts=1, connect_timeout_s=2,

@@ -12,8 +12,8 @@ import torch
 import transformers
 
 from rosetta_contract.model_fields import ModelSpec
-from rosetta_trainer.losses import label_smoothed_cross_entropy
-from rosetta_trainer.models import build_model
+from rosetta_trainer.models.losses import label_smoothed_cross_entropy
+from rosetta_trainer.models.models import build_model
 
 torch.manual_seed(0)
 spec = ModelSpec(architecture="t5", size="tiny", d_model=32, heads=4, ffn_dim=64, encoder_layers=1,

@@ -1,6 +1,6 @@
 """status.progress from a live trainer endpoint, and every documented metric on the live endpoints.
 
-The trainer side is a real rosetta_trainer.telemetry.Telemetry (the code rank 0 runs) on a free
+The trainer side is a real rosetta_trainer.telemetry.telemetry.Telemetry (the code rank 0 runs) on a free
 port. With no kubelet here, the test plays the JobSet controller and the kubelet: it creates the
 Pod object rank 0 would have and gives it podIP 127.0.0.1 through the status subresource.
 """
@@ -20,7 +20,7 @@ from control_plane import free_port
 from rosetta_contract.metric_names import OPERATOR_METRICS, TRAINER_METRICS
 from rosetta_operator import handlers, operator_metrics
 from rosetta_operator.names import COMPLETION_INDEX
-from rosetta_trainer.telemetry import Telemetry
+from rosetta_trainer.telemetry.telemetry import Telemetry
 from support.cluster import REPO, Cluster, OperatorProcess, wait_for
 
 pytestmark = pytest.mark.integration

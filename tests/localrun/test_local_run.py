@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rosetta_trainer.checkpoint import complete_checkpoints
+from rosetta_trainer.checkpoints.checkpoint import complete_checkpoints
 from support.training import SHARED_CHECKPOINTS, TINY, deep_update, read_jsonl
 
 pytestmark = pytest.mark.slow

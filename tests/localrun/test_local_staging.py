@@ -15,7 +15,7 @@ import boto3
 import pytest
 import yaml
 
-from rosetta_trainer.staging import MARKER
+from rosetta_trainer.preparation.staging import MARKER
 from support.s3_server import moto_s3
 from support.tiny_models import PAIRS, tiny_model, tiny_tokenizer
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rosetta_trainer.batching import EXACT
+from rosetta_trainer.data.batching import EXACT
 
 
 def reference_plan(src, tgt, *, seed, epoch, max_tokens=None, max_sentences=None, world_size=1, shapes=EXACT):

@@ -7,10 +7,10 @@ import torch
 import yaml
 
 from rosetta_contract.model_fields import ModelSpec, TokenizerTraining
-from rosetta_trainer import corpus
-from rosetta_trainer.checkpoint import MARKER, step_dir_name
-from rosetta_trainer.models import build_model
-from rosetta_trainer.tokenization import train_tokenizer
+from rosetta_trainer.checkpoints.checkpoint import MARKER, step_dir_name
+from rosetta_trainer.data import corpus
+from rosetta_trainer.models.models import build_model
+from rosetta_trainer.models.tokenization import train_tokenizer
 from support.training import TINY
 
 PAIRS = corpus.generate_pairs("de", 300, seed=1)

@@ -17,8 +17,8 @@ from rosetta_operator import evaluation_status as es
 from rosetta_operator.evaluation_job import render_evaluation_job
 from rosetta_operator.names import CONFIG_KEY
 from rosetta_operator.render import render
-from rosetta_trainer.__main__ import train_from_file
-from rosetta_trainer.checkpoint import read_meta
+from rosetta_trainer.checkpoints.checkpoint import read_meta
+from rosetta_trainer.commands.train import train_from_file
 
 pytestmark = pytest.mark.slow
 

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -194,7 +195,7 @@ def test_evaluate_gathers_a_deepspeed_checkpoint_directly(runs):
 def test_averaging_gathers_zero_shards_and_matches_ddp(runs):
     """`rosetta average` on ZeRO-3 checkpoints: each is gathered whole (zero_to_fp32), then averaged;
     the result is DDP's average of the same steps (tolerance as for the export above)."""
-    from rosetta_trainer.averaging import average_models, select
+    from rosetta_trainer.checkpoints.averaging import average_models, select
 
     chosen = {name: select(runs["out"][name] / "checkpoints", last=2) for name in ("zero3", "ddp")}
     assert [p.name for p in chosen["zero3"]] == [p.name for p in chosen["ddp"]] == ["step-00000006", "step-00000012"]
@@ -206,36 +207,22 @@ def test_averaging_gathers_zero_shards_and_matches_ddp(runs):
     assert not torch.equal(ddp["shared.weight"], final["shared.weight"])  # an average, not the last one
 
 
-def test_zero3_partitions_pretrained_weights_as_it_loads_them(runs):
-    """model.name → from_pretrained under deepspeed.zero.Init: the run starts from the loaded
-    weights (the DDP run's final loss), not from a fresh initialisation."""
-    pretrained = runs["out"]["ddp"] / "checkpoints" / "step-00000012"
-    config = deep_update(BASE, {"spec": {**ZERO3_OFFLOAD, "training": {"maxSteps": 2}}})
-    config["spec"]["model"] = {"name": str(pretrained / "model")}
-    config["spec"]["tokenizer"] = {"path": str(pretrained / "tokenizer")}
-    config["spec"]["data"]["taskPrefix"] = True  # as the from-scratch T5 it continues
-    out = runs["tmp"] / "pretrained"
-    summary = torchrun_training(config, out, 2)
-    first = logged_losses(out)[1]
-    reference = logged_losses(runs["out"]["ddp"])
-    assert first < reference[1] - 0.3, (first, reference)
-    assert summary["zero_stage"] == 3 and torch.isfinite(torch.tensor(first))
-
-
-def test_the_operators_deepspeed_launcher_command_runs_on_two_nodes(runs):
-    """`launcher: deepspeed` on 2 nodes: run the rendered command exactly (with the values the kubelet
-    would substitute) as two pods of one CPU worker each. DeepSpeed's own runner, rendered before,
-    refused this ("Num nodes is >1 but no extra nodes available via hostfile")."""
-    import re
-    import socket
-
+@pytest.fixture(scope="module")
+def launcher_run(runs):
+    """`launcher: deepspeed` on 2 nodes: the rendered command run exactly (with the values the kubelet
+    would substitute) as two pods of one CPU worker each. The gang also continues the DDP run's
+    weights under ZeRO-3 (model.name), so that one two-rank run serves both tests that read it."""
     from rosetta_contract.spec import parse_training
     from rosetta_operator.pod_template import command
 
-    doc = deep_update(BASE, {"spec": {**ZERO2, "launcher": "deepspeed", "gpusPerNode": 1, "nodes": 2,
+    pretrained = runs["out"]["ddp"] / "checkpoints" / "step-00000012"
+    doc = deep_update(BASE, {"spec": {**ZERO3_OFFLOAD, "launcher": "deepspeed", "gpusPerNode": 1, "nodes": 2,
                                       "volumes": SHARED_CHECKPOINTS,  # one output dir here, as a shared volume
                                       "training": {"maxSteps": 4}, "checkpoint": {"interval": 4},
                                       "evaluation": {"interval": 4}}})
+    doc["spec"]["model"] = {"name": str(pretrained / "model")}
+    doc["spec"]["tokenizer"] = {"path": str(pretrained / "tokenizer")}
+    doc["spec"]["data"]["taskPrefix"] = True  # as the from-scratch T5 it continues
     argv = command(parse_training(doc).spec)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -249,13 +236,33 @@ def test_the_operators_deepspeed_launcher_command_runs_on_two_nodes(runs):
                   "ROSETTA_NPROC_PER_NODE": "1", "ROSETTA_NODE_RANK": str(node),
                   "ROSETTA_MASTER_ADDR": "127.0.0.1", "ROSETTA_MASTER_PORT": str(port)}
         args = [re.sub(r"\$\((\w+)\)", lambda m: values[m.group(1)], a) for a in argv]
-        # The pod's command with this interpreter as the image's python: rosetta_trainer.launch runs torchrun.
-        assert args[0] == "python"
-        pods.append(subprocess.Popen([sys.executable, *args[1:], "--no-progress"],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env={**env, **values}))
-    outputs = [p.communicate(timeout=1800)[0] for p in pods]
-    assert [p.returncode for p in pods] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+        pods.append((args, subprocess.Popen([sys.executable, *args[1:], "--no-progress"],
+                                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                            env={**env, **values})))
+    outputs = [p.communicate(timeout=1800)[0] for _, p in pods]
+    return {"argv": [args for args, _ in pods], "exits": [p.returncode for _, p in pods], "outputs": outputs,
+            "out": out}
+
+
+def test_zero3_partitions_pretrained_weights_as_it_loads_them(runs, launcher_run):
+    """model.name → from_pretrained under deepspeed.zero.Init: the run starts from the loaded
+    weights (the DDP run's final loss), not from a fresh initialisation."""
+    assert launcher_run["exits"] == [0, 0], "\n".join(o[-3000:] for o in launcher_run["outputs"])
+    summary = json.loads((launcher_run["out"] / "summary.json").read_text())
+    first = logged_losses(launcher_run["out"])[1]
+    reference = logged_losses(runs["out"]["ddp"])
+    assert first < reference[1] - 0.3, (first, reference)
+    assert summary["zero_stage"] == 3 and torch.isfinite(torch.tensor(first))
+
+
+def test_the_operators_deepspeed_launcher_command_runs_on_two_nodes(launcher_run):
+    """DeepSpeed's own runner, rendered before, refused this ("Num nodes is >1 but no extra nodes
+    available via hostfile")."""
+    # The pod's command with this interpreter as the image's python: rosetta_trainer.launch runs torchrun.
+    assert all(args[0] == "python" for args in launcher_run["argv"])
+    outputs = launcher_run["outputs"]
+    assert launcher_run["exits"] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    out = launcher_run["out"]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["backend"] == "deepspeed" and summary["steps"] == 4
     # Each node kept its log of this attempt beside the checkpoints (the launcher's copy of its output).

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from rosetta_operator.local.runner import run
-from rosetta_trainer.__main__ import train_from_file
-from rosetta_trainer.checkpoint import latest_checkpoint
+from rosetta_trainer.checkpoints.checkpoint import latest_checkpoint
+from rosetta_trainer.commands.train import train_from_file
 from support.tiny_models import tiny_model, tiny_tokenizer
 from support.training import TINY, deep_update
 

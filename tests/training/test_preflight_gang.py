@@ -1,4 +1,4 @@
-"""The pre-flight check for real (trainer/rosetta_trainer/preflight.py): two ranks, each on a 'node' of
+"""The pre-flight check for real (trainer/rosetta_trainer/runtime/preflight.py): two ranks, each on a 'node' of
 its own (ROSETTA_NODE_NAME), over gloo, through the trainer's own error handling (cli.dispatch), so that
 the exit status and the termination message are the ones a pod leaves; and the trainer itself, which
 runs it before any other work."""
@@ -22,9 +22,9 @@ pytestmark = pytest.mark.slow
 RANK = """
 import argparse, logging, sys
 from rosetta_contract.fault_tolerance_fields import PreflightSpec
-from rosetta_trainer.cli import dispatch
-from rosetta_trainer.distributed import close, init_world
-from rosetta_trainer.preflight import run_preflight
+from rosetta_trainer.commands.cli import dispatch
+from rosetta_trainer.runtime.distributed import close, init_world
+from rosetta_trainer.runtime.preflight import run_preflight
 
 floor = None if sys.argv[1] == "none" else float(sys.argv[1])
 spec = PreflightSpec(enabled=True, min_bus_bandwidth_gbps=floor, collective_mib=64)

@@ -13,10 +13,10 @@ from safetensors.torch import load_file
 
 from rosetta_cli.main import main
 from rosetta_contract.exits import TERMINATION_LOG_ENV
-from rosetta_trainer import shards
-from rosetta_trainer.__main__ import train_from_file
-from rosetta_trainer.batching import encode
-from rosetta_trainer.checkpoint import latest_checkpoint
+from rosetta_trainer.checkpoints.checkpoint import latest_checkpoint
+from rosetta_trainer.commands.train import train_from_file
+from rosetta_trainer.data.batching import encode
+from rosetta_trainer.preparation import shards
 from support.training import TINY, deep_update, read_jsonl
 
 pytestmark = pytest.mark.slow
@@ -69,7 +69,7 @@ def test_prepare_then_train_maps_and_matches_the_in_memory_run(write_config, tmp
 
 
 def test_a_training_without_prepare_writes_the_data_once(write_config, tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="rosetta_trainer.shards")
+    caplog.set_level(logging.INFO, logger="rosetta_trainer.preparation.shards")
     out = tmp_path / "run"
     train_from_file(str(write_config()), str(out), overrides=["spec.training.maxSteps=4"], progress=False)
     assert "training data: tokenized and wrote 800 pairs" in caplog.text
@@ -80,8 +80,8 @@ def test_a_training_without_prepare_writes_the_data_once(write_config, tmp_path,
 
 def test_a_restart_with_unchanged_files_maps_its_data_without_reading_the_training_text(
         write_config, tmp_path, monkeypatch, caplog):
-    from rosetta_trainer import data_checks
-    from rosetta_trainer.corpus import generate_pairs
+    from rosetta_trainer.data.corpus import generate_pairs
+    from rosetta_trainer.preparation import data_checks
 
     corpus = tmp_path / "train.tsv"
     corpus.write_text("source\ttarget\n" + "".join(f"{s}\t{t}\n" for s, t in generate_pairs("de", 400, seed=1)) + " \tno source\n")
@@ -89,7 +89,7 @@ def test_a_restart_with_unchanged_files_maps_its_data_without_reading_the_traini
     read = []
     real_iter_source = data_checks.iter_source
     monkeypatch.setattr(data_checks, "iter_source", lambda src, data: read.append(src.path) or real_iter_source(src, data))
-    caplog.set_level(logging.INFO, logger="rosetta_trainer.shards")
+    caplog.set_level(logging.INFO, logger="rosetta_trainer.preparation.shards")
     out = tmp_path / "run"
 
     first = train_from_file(cfg, str(out), overrides=["spec.training.maxSteps=4"], progress=False)

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from rosetta_trainer.__main__ import train_from_file
-from rosetta_trainer.checkpoint import complete_checkpoints, read_meta
+from rosetta_trainer.checkpoints.checkpoint import complete_checkpoints, read_meta
+from rosetta_trainer.commands.train import train_from_file
 from support.training import read_jsonl
 
 pytestmark = pytest.mark.slow

@@ -12,9 +12,9 @@ import json
 import pytest
 import torch
 
-from rosetta_trainer import loop
-from rosetta_trainer.__main__ import train_from_file
-from rosetta_trainer.step_counters import HOST_ONLY_READS, SYNC_OPS
+from rosetta_trainer.commands.train import train_from_file
+from rosetta_trainer.engine import loop
+from rosetta_trainer.engine.step_counters import HOST_ONLY_READS, SYNC_OPS
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,7 @@ import json
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from rosetta_trainer.__main__ import train_from_file
+from rosetta_trainer.commands.train import train_from_file
 from support.training import read_jsonl
 
 pytestmark = pytest.mark.slow

@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rosetta_trainer.__main__ import train_from_file
-from rosetta_trainer.checkpoint import complete_checkpoints, latest_checkpoint
+from rosetta_trainer.checkpoints.checkpoint import complete_checkpoints, latest_checkpoint
+from rosetta_trainer.commands.train import train_from_file
 from support.training import SHARED, read_jsonl
 
 pytestmark = pytest.mark.slow

@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from rosetta_trainer.checkpoint import SHARED_PROBE_PREFIX, latest_checkpoint
+from rosetta_trainer.checkpoints.checkpoint import SHARED_PROBE_PREFIX, latest_checkpoint
 from support.trainer_processes import two_node_training
 from support.training import TINY, deep_update, read_jsonl
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from rosetta_contract.model_fields import ModelSpec
-from rosetta_trainer.backends import enable_activation_checkpointing
-from rosetta_trainer.models import build_model
+from rosetta_trainer.engine.backends import enable_activation_checkpointing
+from rosetta_trainer.models.models import build_model
 
 VOCAB = 50
 

@@ -120,7 +120,7 @@ def test_every_metric_in_the_alerts_is_served(tmp_path):
 
     from rosetta_operator import handlers  # noqa: F401  registers the operator's metrics
     from rosetta_operator.local.pods import free_port
-    from rosetta_trainer.telemetry import Telemetry
+    from rosetta_trainer.telemetry.telemetry import Telemetry
 
     used = set().union(*(metric_names(r["expr"]) for r in rules().values()))
     assert {"rosetta_step", "rosetta_phase", "rosetta_operator_training_restarts", "up"} <= used

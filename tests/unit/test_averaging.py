@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from rosetta_cli.main import main
-from rosetta_trainer.averaging import AveragingError, average_checkpoints, average_models, select
-from rosetta_trainer.evaluate import Generation, load_checkpoint_for_inference, translate
-from rosetta_trainer.models import load_pretrained
+from rosetta_trainer.checkpoints.averaging import AveragingError, average_checkpoints, average_models, select
+from rosetta_trainer.evaluation.evaluate import Generation, translate
+from rosetta_trainer.evaluation.inference import load_checkpoint_for_inference
+from rosetta_trainer.models.models import load_pretrained
 from support.tiny_models import SOURCES, save_checkpoint, tiny_model, tiny_tokenizer
 
 CPU = torch.device("cpu")

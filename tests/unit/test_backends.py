@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from rosetta_contract.documents import parse_document
-from rosetta_trainer.backends import DDPBackend, build_backend, gradient_norm, non_finite
-from rosetta_trainer.distributed import World
-from rosetta_trainer.models import build_model
+from rosetta_trainer.engine.backends import DDPBackend, build_backend, gradient_norm, non_finite
+from rosetta_trainer.models.models import build_model
+from rosetta_trainer.runtime.distributed import World
 from support.training import TINY, deep_update
 
 CPU = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"))
@@ -122,7 +122,7 @@ def test_bf16_parameters_train_fp32_masters_and_checkpoint_them(tmp_path):
 
 
 def test_bf16_parameters_leave_autocast_nothing_to_cast():
-    from rosetta_trainer.step_counters import count_step
+    from rosetta_trainer.engine.step_counters import count_step
 
     def casts(patch):
         b = backend({"training": {"precision": "bf16", **patch}})

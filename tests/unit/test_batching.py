@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from rosetta_trainer.batching import (
+from rosetta_trainer.data.batching import (
     IGNORE_INDEX,
     BatchShapes,
     Collation,

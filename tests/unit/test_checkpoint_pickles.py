@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from rosetta_trainer.checkpoint import UnsafeCheckpointError, load_trainer_state, rng_state
-from rosetta_trainer.distributed import World
+from rosetta_trainer.checkpoints.checkpoint import UnsafeCheckpointError, load_trainer_state, rng_state
+from rosetta_trainer.runtime.distributed import World
 
 CPU = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"))
 

@@ -9,7 +9,8 @@ import datasets  # the dev extra's: it writes the fixtures as users' pipelines d
 import pytest
 
 from rosetta_contract.data_fields import DataSpec
-from rosetta_trainer.data import DataError, read_split
+from rosetta_trainer.data.examples import DataError
+from rosetta_trainer.data.reader import read_split
 
 WMT = [{"translation": {"en": f"The house {i}.", "de": f"Das Haus {i}."}} for i in range(30)]
 

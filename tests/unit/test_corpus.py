@@ -1,4 +1,4 @@
-"""rosetta_trainer.corpus: the built-in demo corpus and its number words."""
+"""rosetta_trainer.data.corpus: the built-in demo corpus and its number words."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import gzip
 
 import pytest
 
-from rosetta_trainer import corpus
-from rosetta_trainer import number_words as nw
-from rosetta_trainer.corpus import generate_pairs, write_pairs
-from rosetta_trainer.number_words import number_words
+from rosetta_trainer.data import corpus
+from rosetta_trainer.data import number_words as nw
+from rosetta_trainer.data.corpus import generate_pairs, write_pairs
+from rosetta_trainer.data.number_words import number_words
 
 
 def test_generate_pairs_is_deterministic():

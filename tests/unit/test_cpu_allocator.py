@@ -12,7 +12,7 @@ import pytest
 PROBE = r"""
 import json, resource
 import torch
-from rosetta_trainer.cpu_allocator import keep_freed_memory
+from rosetta_trainer.runtime.cpu_allocator import keep_freed_memory
 applied = keep_freed_memory()
 
 def faults():

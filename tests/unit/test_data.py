@@ -1,4 +1,4 @@
-"""rosetta_trainer.data: every DataSource format, read from files the tests write."""
+"""rosetta_trainer.data.reader: every DataSource format, read from files the tests write."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from rosetta_contract.data_fields import DataSpec
-from rosetta_trainer import corpus
-from rosetta_trainer.data import DataError, Example, read_source, read_split
+from rosetta_trainer.data import corpus
+from rosetta_trainer.data.examples import DataError, Example
+from rosetta_trainer.data.reader import read_source, read_split
 
 MT_GENEVAL = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "mt-geneval"
 
@@ -371,7 +372,7 @@ def test_read_split_order_and_bad_split(tmp_path):
 
 
 def test_model_inputs_carry_the_t5_task_prefix_of_each_example():
-    from rosetta_trainer.evaluate import model_inputs
+    from rosetta_trainer.evaluation.evaluate import model_inputs
 
     examples = [Example("Three apples.", "Drei Äpfel.", "de"), Example("x", "y", "fr"), Example("x", "y", "xx")]
     assert model_inputs(examples, "en", True) == [

@@ -3,7 +3,7 @@
 import os
 
 from rosetta_contract.data_fields import DataSpec
-from rosetta_trainer.data_identity import data_identity
+from rosetta_trainer.preparation.data_identity import data_identity
 
 
 def _spec(**train):

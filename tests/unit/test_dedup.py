@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from rosetta_contract.data_fields import DataSpec
-from rosetta_trainer import dedup
-from rosetta_trainer.data_checks import TrainingText, _rejected
+from rosetta_trainer.preparation import dedup
+from rosetta_trainer.preparation.data_checks import TrainingText, _rejected
 
 
 def former_filter(text: TrainingText) -> tuple[list[tuple[str, str, str]], int]:
@@ -19,7 +19,7 @@ def former_filter(text: TrainingText) -> tuple[list[tuple[str, str, str]], int]:
     Python set of 8-byte blake2b digests, asked pair by pair after the other filters."""
     data, checks = text.data, text.data.checks
     ratio = checks.max_length_ratio if data.task == "translation" else None
-    from rosetta_trainer.data import iter_source
+    from rosetta_trainer.data.reader import iter_source
 
     seen, kept, dropped = set(), [], 0
     for src in data.train:

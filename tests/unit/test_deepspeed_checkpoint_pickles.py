@@ -3,7 +3,7 @@
 DeepSpeed loads its checkpoints with torch.load(weights_only=False): its engine (resume),
 zero_to_fp32 (export, evaluation, averaging). While the backend reads one, every torch.load is
 checkpoint.load_state_file with DeepSpeed's own plain-data classes allowed
-(deepspeed_backend.weights_only_loads). The resume from real ZeRO-2 and ZeRO-3 checkpoints, and a
+(deepspeed_checkpoints.weights_only_loads). The resume from real ZeRO-2 and ZeRO-3 checkpoints, and a
 planted one refused in a real resume, are in tests/training/test_deepspeed.py.
 """
 
@@ -17,8 +17,8 @@ from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
 from deepspeed.runtime.zero.config import ZeroStageEnum
 from deepspeed.utils.tensor_fragment import fragment_address
 
-from rosetta_trainer.checkpoint import UnsafeCheckpointError
-from rosetta_trainer.deepspeed_backend import consolidated_model, weights_only_loads
+from rosetta_trainer.checkpoints.checkpoint import UnsafeCheckpointError
+from rosetta_trainer.checkpoints.deepspeed_checkpoints import consolidated_model, weights_only_loads
 
 
 class Planted:
@@ -95,8 +95,8 @@ def test_an_enum_pickled_by_name_loads_and_getattr_reaches_nothing_else(tmp_path
     getattr(ZeroStageEnum, 'weights'); that lookup, and no other, is allowed."""
     from deepspeed.runtime.zero.config import ZeroStageEnum
 
-    from rosetta_trainer.checkpoint import UnsafeCheckpointError, load_state_file
-    from rosetta_trainer.deepspeed_backend import checkpoint_classes
+    from rosetta_trainer.checkpoints.checkpoint import UnsafeCheckpointError, load_state_file
+    from rosetta_trainer.checkpoints.deepspeed_checkpoints import checkpoint_classes
 
     path = tmp_path / "optim_states.pt"
     torch.save({"zero_stage": _ByName("weights")}, path)

@@ -5,7 +5,7 @@ import pytest
 from rosetta_contract.documents import deep_merge as merge
 from rosetta_contract.documents import parse_document
 from rosetta_contract.strict_model import ConfigError
-from rosetta_trainer.deepspeed_backend import deepspeed_config
+from rosetta_trainer.engine.deepspeed_backend import deepspeed_config
 from support.training import TINY, deep_update
 
 

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from rosetta_contract.strict_model import ConfigError
-from rosetta_trainer.checkpoint import MARKER, step_dir_name
-from rosetta_trainer.evaluate import pick_checkpoint
+from rosetta_trainer.checkpoints.checkpoint import MARKER, step_dir_name
+from rosetta_trainer.evaluation.inference import pick_checkpoint
 
 
 def checkpoint(root, step: int, score: float | None = None, complete: bool = True, key: str = "score"):

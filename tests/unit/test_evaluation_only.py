@@ -147,7 +147,7 @@ def test_a_failed_job_fails_the_run(api, jobs):
 
 def test_train_refuses_an_evaluate_mode_file(tmp_path):
     from rosetta_contract.strict_model import ConfigError as TrainerConfigError
-    from rosetta_trainer.__main__ import train_from_file
+    from rosetta_trainer.commands.train import train_from_file
 
     path = tmp_path / "eval.yaml"
     path.write_text(yaml.safe_dump({"apiVersion": "rosetta.dev/v1alpha1", "kind": "TranslationTraining",

@@ -28,7 +28,7 @@ def test_every_row_names_a_real_exception_class(module, name, status):
 def test_an_error_gets_its_row_a_subclass_its_parents_and_anything_else_none():
     from rosetta_contract.strict_model import ConfigError
     from rosetta_operator.policy import PolicyViolation
-    from rosetta_trainer.data import DataError
+    from rosetta_trainer.data.examples import DataError
 
     assert exit_status(ConfigError([("spec.nodes", "must be at least 1")])) == CONFIG_EXIT
     assert exit_status(PolicyViolation([("spec.image", "not allowed")])) == CONFIG_EXIT
@@ -66,7 +66,7 @@ GLOO_TIMEOUT = """
 import datetime, os, threading
 import torch, torch.distributed as dist
 from rosetta_contract.exits import exit_status
-from rosetta_trainer.distributed import collective_timeout
+from rosetta_trainer.runtime.distributed import collective_timeout
 store, groups = dist.HashStore(), {}
 def join(rank):
     groups[rank] = dist.ProcessGroupGloo(store, rank, 2, datetime.timedelta(seconds=1))
@@ -102,7 +102,7 @@ def test_a_real_gloo_timeout_is_a_collective_timeout():
 def test_torchs_timeout_errors_map_to_collective_timeout(error, timed_out):
     import torch.distributed as dist
 
-    from rosetta_trainer.distributed import CollectiveTimeout, collective_timeout
+    from rosetta_trainer.runtime.distributed import CollectiveTimeout, collective_timeout
 
     exc = getattr(dist, error, RuntimeError)(timed_out)
     assert isinstance(collective_timeout(exc), CollectiveTimeout)
@@ -119,15 +119,15 @@ def test_torchs_timeout_errors_map_to_collective_timeout(error, timed_out):
 def test_other_errors_are_not_collective_timeouts(exc):
     import torch.distributed as dist
 
-    from rosetta_trainer.distributed import collective_timeout
+    from rosetta_trainer.runtime.distributed import collective_timeout
 
     assert collective_timeout(exc) is None
     assert collective_timeout(dist.DistBackendError("NCCL error: unhandled system error, remote process exited")) is None
 
 
 def test_the_train_command_exits_75_on_a_collective_timeout(monkeypatch, capsys):
-    from rosetta_trainer import __main__ as trainer_main
-    from rosetta_trainer.cli import build_parser, dispatch
+    from rosetta_trainer.commands import train as trainer_main
+    from rosetta_trainer.commands.cli import build_parser, dispatch
 
     def hung(*_, **__):
         raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting "

@@ -7,9 +7,11 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, T5Config
 
 from rosetta_cli.main import main
-from rosetta_trainer.evaluate import Generation, load_checkpoint_for_inference, translate
-from rosetta_trainer.export import CTranslate2Model, ExportError, export_ctranslate2, is_ctranslate2_dir
-from rosetta_trainer.models import untie_output
+from rosetta_trainer.evaluation.ctranslate2_models import CTranslate2Model, ExportError, is_ctranslate2_dir
+from rosetta_trainer.evaluation.evaluate import Generation, translate
+from rosetta_trainer.evaluation.export import export_ctranslate2
+from rosetta_trainer.evaluation.inference import load_checkpoint_for_inference
+from rosetta_trainer.models.models import untie_output
 from support.tiny_models import PAIRS, SOURCES, redraw, save_checkpoint, tiny_model, tiny_tokenizer
 
 pytest.importorskip("ctranslate2", reason="CTranslate2 is the [export] extra (make install puts it in)")

@@ -1,11 +1,11 @@
-"""The trainer's test hooks (trainer/rosetta_trainer/fault_hooks.py): off unless asked, and only in
+"""The trainer's test hooks (trainer/rosetta_trainer/runtime/fault_hooks.py): off unless asked, and only in
 the attempt and on the rank asked."""
 
 from __future__ import annotations
 
 import pytest
 
-from rosetta_trainer.fault_hooks import FaultHooks
+from rosetta_trainer.runtime.fault_hooks import FaultHooks
 
 
 @pytest.mark.parametrize("env, rank, hang", [

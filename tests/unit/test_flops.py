@@ -11,7 +11,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoModelForSeq2SeqLM, BartConfig, MarianConfig, MT5Config, T5Config
 
-from rosetta_trainer.flops import (
+from rosetta_trainer.planning.flops import (
     PEAK_FLOPS,
     PEAK_FLOPS_ENV,
     Seq2SeqDims,

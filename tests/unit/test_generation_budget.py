@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from rosetta_contract.model_fields import ModelSpec, TokenizerTraining
-from rosetta_trainer import corpus
-from rosetta_trainer.evaluate import Generation, translate
-from rosetta_trainer.models import build_model
-from rosetta_trainer.tokenization import train_tokenizer
+from rosetta_trainer.data import corpus
+from rosetta_trainer.evaluation.evaluate import Generation, translate
+from rosetta_trainer.models.models import build_model
+from rosetta_trainer.models.tokenization import train_tokenizer
 
 
 @pytest.fixture(scope="module")

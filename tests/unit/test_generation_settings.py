@@ -7,8 +7,9 @@ import torch
 from rosetta_contract.documents import parse_document
 from rosetta_contract.evaluation_fields import EvaluationSpec
 from rosetta_contract.strict_model import ConfigError
-from rosetta_trainer.cli import build_parser, generation_overrides
-from rosetta_trainer.evaluate import Generation, translate
+from rosetta_trainer.commands.arguments import generation_overrides
+from rosetta_trainer.commands.cli import build_parser
+from rosetta_trainer.evaluation.evaluate import Generation, translate
 from support.tiny_models import SOURCES, tiny_model, tiny_tokenizer
 from support.training import TINY, deep_update
 

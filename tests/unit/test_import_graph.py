@@ -1,4 +1,4 @@
-"""The import graph of the contract and the operator: no module imports, even inside a function,
+"""The import graph of the contract, the operator and the trainer: no module imports, even inside a function,
 a module that imports it back, directly or through others; and no module reaches for another's
 private names.
 
@@ -16,10 +16,11 @@ from pathlib import Path
 import grimp
 import pytest
 
-PACKAGES = ("rosetta_contract", "rosetta_operator")
+PACKAGES = ("rosetta_contract", "rosetta_operator", "rosetta_trainer")
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = {"rosetta_contract": ROOT / "contract" / "rosetta_contract",
-           "rosetta_operator": ROOT / "operator" / "rosetta_operator"}
+           "rosetta_operator": ROOT / "operator" / "rosetta_operator",
+           "rosetta_trainer": ROOT / "trainer" / "rosetta_trainer"}
 
 
 
@@ -151,6 +152,7 @@ def test_the_private_import_finder_sees_both_spellings(tmp_path: Path, monkeypat
     (package / "b.py").write_text("from rosetta_contract.a import _hidden\nfrom . import a\nx = a._hidden\n")
     monkeypatch.setitem(SOURCES, "rosetta_contract", package)
     monkeypatch.setitem(SOURCES, "rosetta_operator", tmp_path / "none")
+    monkeypatch.setitem(SOURCES, "rosetta_trainer", tmp_path / "none")
     assert private_imports() == {("rosetta_contract.b", "rosetta_contract.a._hidden")}
 
 

@@ -25,7 +25,7 @@ from rosetta_contract.failures import (
     attempt_log_path,
     termination_message,
 )
-from rosetta_trainer.launch import AttemptLog, Launcher
+from rosetta_trainer.commands.launch import AttemptLog, Launcher
 from support.s3_server import isolate_aws_env, moto_s3
 from support.training import TINY, deep_update
 
@@ -108,7 +108,7 @@ def test_cuda_out_of_memory_under_torchrun_is_the_pods_exit_80(tmp_path):
     worker = tmp_path / "worker.py"
     worker.write_text(textwrap.dedent("""
         import argparse, sys, torch
-        from rosetta_trainer.cli import dispatch
+        from rosetta_trainer.commands.cli import dispatch
 
         def train(args):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB.")

@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rosetta_trainer import losses
-from rosetta_trainer.losses import label_smoothed_cross_entropy
+from rosetta_trainer.models import losses
+from rosetta_trainer.models.losses import label_smoothed_cross_entropy
 
 
 def reference(logits, labels, smoothing):

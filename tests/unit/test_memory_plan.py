@@ -18,10 +18,10 @@ import yaml
 from transformers import AutoModelForSeq2SeqLM, T5Config
 
 from rosetta_cli.main import main
-from rosetta_trainer import memory_plan as mp
-from rosetta_trainer import plan_inputs as pi
-from rosetta_trainer.memory_plan import Batch, Setting
-from rosetta_trainer.plan_inputs import Cluster, GiB
+from rosetta_trainer.planning import memory_plan as mp
+from rosetta_trainer.planning import plan_inputs as pi
+from rosetta_trainer.planning.memory_plan import Batch, Setting
+from rosetta_trainer.planning.plan_inputs import Cluster, GiB
 
 # A tiny T5 whose parameter count is derived by hand below.
 V, H, KV, HEADS, FF, LAYERS, BUCKETS = 1000, 64, 16, 4, 256, 2, 32

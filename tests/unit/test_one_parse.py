@@ -41,7 +41,7 @@ def validations(monkeypatch):
 
 
 def test_a_pod_start_parses_its_document_once(monkeypatch, validations, tmp_path):
-    import rosetta_trainer.__main__ as main
+    import rosetta_trainer.commands.train as main
 
     started = []
 
@@ -116,16 +116,15 @@ def strict_yaml_dump(raw) -> str:
 def test_evaluate_reads_an_old_checkpoints_document(monkeypatch, tmp_path):
     import torch
 
-    import rosetta_trainer.models as models
-    import rosetta_trainer.tokenization as tokenization
-    from rosetta_trainer.evaluate import load_checkpoint_for_inference
+    import rosetta_trainer.evaluation.inference as inference
+    from rosetta_trainer.evaluation.inference import load_checkpoint_for_inference
 
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
     raw = read_yaml(QUICKSTART)
     saved(tmp_path, strict_yaml_dump(raw))
-    monkeypatch.setattr(models, "load_pretrained", lambda path: torch.nn.Linear(1, 1))
-    monkeypatch.setattr(tokenization, "load_tokenizer", lambda path: "tokenizer")
+    monkeypatch.setattr(inference, "load_pretrained", lambda path: torch.nn.Linear(1, 1))
+    monkeypatch.setattr(inference, "load_tokenizer", lambda path: "tokenizer")
     _, tokenizer, spec = load_checkpoint_for_inference(tmp_path, torch.device("cpu"))
     assert tokenizer == "tokenizer"
     assert spec == parse_for_trainer(raw).spec

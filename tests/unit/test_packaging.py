@@ -197,7 +197,7 @@ def test_operator_modules_import_without_the_trainer_stack():
     dependencies are blocked while `rosetta operator`'s modules load."""
     assert {"torch", "transformers", "boto3", "deepspeed"} <= TRAINER_ONLY
     out = blocked_run(TRAINER_ONLY, """
-import rosetta_cli.main, rosetta_trainer.cli, rosetta_contract.config, rosetta_operator.main, rosetta_operator.handlers
+import rosetta_cli.main, rosetta_trainer.commands.cli, rosetta_contract.config, rosetta_operator.main, rosetta_operator.handlers
 import rosetta_operator.cli
 assert sys.modules["torch"] is None  # still blocked: nothing imported it
 """)

@@ -9,7 +9,7 @@ import pytest
 from rosetta_contract.spec import parse_training
 from rosetta_operator.local.pods import fit_hardware, mount_volumes, plan_pods
 from rosetta_operator.render import render
-from rosetta_trainer.preemption import GRACE_ENV, WARN_FRACTION, StopRequested, grace_period_from_env
+from rosetta_trainer.engine.preemption import GRACE_ENV, WARN_FRACTION, StopRequested, grace_period_from_env
 from support.training import SHARED_CHECKPOINTS, TINY, deep_update
 
 
@@ -70,7 +70,7 @@ def test_remaining_grace_is_the_deadline_left_for_uploads_after_a_stop():
 def test_a_checkpoint_well_within_the_grace_is_logged_as_info(caplog):
     stop = signalled(grace=30, seconds_until_checkpoint=3.04)
     caplog.clear()  # the handler's own warning
-    with caplog.at_level(logging.INFO, logger="rosetta_trainer.preemption"):
+    with caplog.at_level(logging.INFO, logger="rosetta_trainer.engine.preemption"):
         assert stop.checkpoint_written(42) == pytest.approx(3.04)
     (record,) = caplog.records
     assert record.levelno == logging.INFO
@@ -81,7 +81,7 @@ def test_a_checkpoint_well_within_the_grace_is_logged_as_info(caplog):
 def test_a_checkpoint_that_used_most_of_the_grace_warns_and_suggests_more(caplog, seconds, share):
     stop = signalled(grace=30, seconds_until_checkpoint=seconds)
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="rosetta_trainer.preemption"):
+    with caplog.at_level(logging.INFO, logger="rosetta_trainer.engine.preemption"):
         stop.checkpoint_written(7)
     (record,) = caplog.records
     assert record.levelno == logging.WARNING
@@ -95,7 +95,7 @@ def test_a_checkpoint_that_used_most_of_the_grace_warns_and_suggests_more(caplog
 def test_a_checkpoint_past_the_grace_says_the_pod_would_have_been_killed(caplog):
     stop = signalled(grace=10, seconds_until_checkpoint=12.5, signum=signal.SIGINT)
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="rosetta_trainer.preemption"):
+    with caplog.at_level(logging.INFO, logger="rosetta_trainer.engine.preemption"):
         stop.checkpoint_written(100)
     (record,) = caplog.records
     assert record.levelno == logging.WARNING
@@ -109,7 +109,7 @@ def test_without_a_known_grace_it_still_reports_the_time(caplog, monkeypatch):
     monkeypatch.delenv(GRACE_ENV, raising=False)
     stop = signalled(grace=None, seconds_until_checkpoint=1.0)
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="rosetta_trainer.preemption"):
+    with caplog.at_level(logging.INFO, logger="rosetta_trainer.engine.preemption"):
         stop.checkpoint_written(5)
     assert [r.getMessage() for r in caplog.records] == [
         f"checkpoint at step 5 written 1.0 s after SIGTERM (grace period unknown: {GRACE_ENV} not set)"]
@@ -117,7 +117,7 @@ def test_without_a_known_grace_it_still_reports_the_time(caplog, monkeypatch):
 
 def test_no_signal_no_report(caplog):
     stop = StopRequested(grace_seconds=30)
-    with caplog.at_level(logging.DEBUG, logger="rosetta_trainer.preemption"):
+    with caplog.at_level(logging.DEBUG, logger="rosetta_trainer.engine.preemption"):
         assert stop.checkpoint_written(10) is None
     assert stop.flag is False and caplog.records == []
 

@@ -1,4 +1,4 @@
-"""The pre-flight check's pure parts (trainer/rosetta_trainer/preflight.py): nccl-tests' bus bandwidth,
+"""The pre-flight check's pure parts (trainer/rosetta_trainer/runtime/preflight.py): nccl-tests' bus bandwidth,
 the gang's verdict and its words, the exit it maps to, the test hook, and a run alone on a CPU."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import torch
 
 from rosetta_contract.exits import NODE_UNHEALTHY_EXIT, exit_status
 from rosetta_contract.fault_tolerance_fields import PreflightSpec
-from rosetta_trainer.distributed import World
-from rosetta_trainer.fault_hooks import preflight_fails_on
-from rosetta_trainer.preflight import (
+from rosetta_trainer.runtime.distributed import World
+from rosetta_trainer.runtime.fault_hooks import preflight_fails_on
+from rosetta_trainer.runtime.preflight import (
     CPU_COLLECTIVE_MIB,
     MIB,
     NodeUnhealthy,
@@ -136,8 +136,9 @@ def test_the_cpu_check_allocates_the_buffer_of_ones():
 @pytest.mark.parametrize("enabled, calls", [(True, ["preflight", "check_shared"]), (False, ["check_shared"])])
 def test_train_runs_it_before_any_other_work_and_only_when_enabled(monkeypatch, tmp_path, enabled, calls):
     from rosetta_contract.spec import parse_for_trainer
-    from rosetta_trainer import __main__ as trainer_main
-    from rosetta_trainer import checkpoint, preflight
+    from rosetta_trainer.checkpoints import checkpoint
+    from rosetta_trainer.commands import train as trainer_main
+    from rosetta_trainer.runtime import preflight
     from support.training import TINY, deep_update
 
     seen = []
@@ -156,7 +157,7 @@ def test_train_runs_it_before_any_other_work_and_only_when_enabled(monkeypatch, 
     raw = deep_update(TINY, {"spec": {"training": {"device": "cpu"},
                                       "faultTolerance": {"preflight": {"enabled": enabled}}}})
     with pytest.raises(Stop):
-        trainer_main.train(parse_for_trainer(raw, "test"), "", tmp_path / "out", progress=False)
+        trainer_main.train(parse_for_trainer(raw, "test"), tmp_path / "out", progress=False)
     assert seen == calls
     assert PreflightSpec().enabled is False  # off unless asked
 

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from rosetta_trainer.schedules import lr_multiplier
+from rosetta_trainer.engine.schedules import lr_multiplier
 
 
 @pytest.mark.parametrize("name", ["noam", "linear", "cosine", "constant"])

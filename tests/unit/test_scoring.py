@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 import sacrebleu
 
-from rosetta_trainer.scoring import (
+from rosetta_trainer.evaluation.scoring import (
     bleu_tokenizer,
     corpus_scores,
     gender_correct,
@@ -164,7 +164,7 @@ def test_mtgeneval_en_de_discriminates():
 
 
 def examples(hyps_refs_langs, genders=None, counterfactuals=None):
-    from rosetta_trainer.data import Example
+    from rosetta_trainer.data.examples import Example
 
     rows = list(hyps_refs_langs)
     genders = genders or [None] * len(rows)
@@ -174,7 +174,7 @@ def examples(hyps_refs_langs, genders=None, counterfactuals=None):
 
 
 def test_evaluation_scores_each_language_alone_and_reports_their_mean():
-    from rosetta_trainer.evaluate import score
+    from rosetta_trainer.evaluation.evaluate import score
 
     # Three German sentences, two French: a mean weighted by sentences would differ.
     de_h = ["Das ist gut.", "Ich habe Hunger.", "Der Hund schläft im Garten."]
@@ -195,7 +195,7 @@ def test_evaluation_scores_each_language_alone_and_reports_their_mean():
 
 
 def test_evaluation_scores_gender_only_where_the_examples_have_one():
-    from rosetta_trainer.evaluate import score
+    from rosetta_trainer.evaluation.evaluate import score
 
     rows = [(FEM_REF, FEM_REF, "de"), ("Sie hat sein Buch gegeben.", FEM_REF, "de"),
             ("Elle est avocate.", "Elle est avocate.", "fr")]

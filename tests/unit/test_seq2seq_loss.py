@@ -12,13 +12,13 @@ import torch
 import torch._dynamo
 
 from rosetta_contract.documents import parse_document
-from rosetta_trainer.backends import build_backend, compile_step, mark_dynamic
-from rosetta_trainer.batching import BatchShapes, Collation, EncodedCorpus, plan_epoch
-from rosetta_trainer.distributed import World
-from rosetta_trainer.losses import label_smoothed_cross_entropy
-from rosetta_trainer.models import build_model
-from rosetta_trainer.seq2seq_loss import Seq2SeqLoss, decoder_states, fused_head, padding_mask_4d
-from rosetta_trainer.step_counters import count_step
+from rosetta_trainer.data.batching import BatchShapes, Collation, EncodedCorpus, plan_epoch
+from rosetta_trainer.engine.backends import build_backend, compile_step, mark_dynamic
+from rosetta_trainer.engine.step_counters import count_step
+from rosetta_trainer.models.losses import label_smoothed_cross_entropy
+from rosetta_trainer.models.models import build_model
+from rosetta_trainer.models.seq2seq_loss import Seq2SeqLoss, decoder_states, fused_head, padding_mask_4d
+from rosetta_trainer.runtime.distributed import World
 from support.training import TINY, deep_update
 
 CPU = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"))
@@ -40,7 +40,7 @@ def model(architecture: str, attention: str = "sdpa", untied: bool = False):
     torch.manual_seed(0)
     m = build_model(model_spec(architecture, attention).model, VOCAB, 32)
     if untied:  # flan-T5 and mT5 keep a head of their own
-        from rosetta_trainer.models import untie_output
+        from rosetta_trainer.models.models import untie_output
 
         untie_output(m)
         with torch.no_grad():

@@ -12,11 +12,11 @@ import torch
 import torch.multiprocessing as mp
 
 from rosetta_contract.model_fields import TokenizerTraining
-from rosetta_trainer import shards
-from rosetta_trainer.batching import collate, encode, plan_epoch
-from rosetta_trainer.corpus import generate_pairs
-from rosetta_trainer.distributed import World
-from rosetta_trainer.tokenization import load_tokenizer, train_tokenizer
+from rosetta_trainer.data.batching import collate, encode, plan_epoch
+from rosetta_trainer.data.corpus import generate_pairs
+from rosetta_trainer.models.tokenization import load_tokenizer, train_tokenizer
+from rosetta_trainer.preparation import shards
+from rosetta_trainer.runtime.distributed import World
 
 ALONE = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"), local_size=1)
 
@@ -52,7 +52,7 @@ class BadData:
         self.pairs = list(zip(*pairs))
 
     def __iter__(self):
-        from rosetta_trainer.data import DataError
+        from rosetta_trainer.data.examples import DataError
 
         yield from self.pairs[:300]
         raise DataError("train.en:301: not UTF-8 text (invalid start byte at byte 4)")
@@ -112,7 +112,7 @@ def test_ids_are_uint32_when_the_vocabulary_does_not_fit_uint16():
     assert shards.id_dtype(2**16) == np.uint16
     assert shards.id_dtype(2**16 + 1) == np.uint32
     with pytest.raises(ValueError, match="does not fit"):
-        shards._flatten([[1, 70000]], np.dtype(np.uint16))
+        shards.flatten([[1, 70000]], np.dtype(np.uint16))
 
 
 def test_a_changed_pair_tokenizer_or_length_gives_a_new_directory(pairs, tokenizer, tmp_path):
@@ -155,7 +155,7 @@ def test_a_complete_directory_is_mapped_not_rewritten(pairs, tokenizer, tmp_path
     sources, targets = pairs
     first = prepare(tmp_path, tokenizer, sources, targets)
     stamp = (first.path / "source_ids.npy").stat().st_mtime_ns
-    caplog.set_level("INFO", logger="rosetta_trainer.shards")
+    caplog.set_level("INFO", logger="rosetta_trainer.preparation.shards")
     second = prepare(tmp_path, tokenizer, sources, targets)
     assert second.path == first.path and (first.path / "source_ids.npy").stat().st_mtime_ns == stamp
     assert "mapped prepared 600 pairs" in caplog.text
@@ -335,7 +335,7 @@ def test_writing_new_data_removes_what_older_data_and_crashed_writers_left(pairs
     in_progress.mkdir()
     hour_ago = shards.time.time() - shards.STALE_SECONDS - 60
     os.utime(crashed, (hour_ago, hour_ago))
-    caplog.set_level("INFO", logger="rosetta_trainer.shards")
+    caplog.set_level("INFO", logger="rosetta_trainer.preparation.shards")
 
     new = prepare(tmp_path, tokenizer, sources, targets).path
     assert new != old and not old.exists() and not crashed.exists()

@@ -4,7 +4,7 @@ import time
 
 import torch
 
-from rosetta_trainer.step_clock import PHASES, StepClock
+from rosetta_trainer.engine.step_clock import PHASES, StepClock
 
 
 def test_phases_are_summed_until_taken_then_start_afresh():

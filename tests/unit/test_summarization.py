@@ -5,11 +5,12 @@ import pytest
 from rosetta_contract.documents import parse_document
 from rosetta_contract.languages import task_prefix
 from rosetta_contract.strict_model import ConfigError
-from rosetta_trainer.__main__ import _print_result
-from rosetta_trainer.corpus import PARTITIONS, generate_articles
-from rosetta_trainer.data import DataError, Example, read_split
-from rosetta_trainer.evaluate import model_inputs, primary_metric, score
-from rosetta_trainer.scoring import UnicodeTokenizer, rouge_scores
+from rosetta_trainer.commands.train import _print_result
+from rosetta_trainer.data.corpus import PARTITIONS, generate_articles
+from rosetta_trainer.data.examples import DataError, Example
+from rosetta_trainer.data.reader import read_split
+from rosetta_trainer.evaluation.evaluate import model_inputs, primary_metric, score
+from rosetta_trainer.evaluation.scoring import UnicodeTokenizer, rouge_scores
 
 
 def document(task="summarization", **spec_overrides):

@@ -7,7 +7,7 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 from rosetta_operator.local.pods import free_port
-from rosetta_trainer.telemetry import Telemetry, truncate_jsonl
+from rosetta_trainer.telemetry.telemetry import Telemetry, truncate_jsonl
 
 
 def serving_telemetry(tmp_path, name: str) -> Telemetry:

@@ -12,11 +12,11 @@ import torch
 from rosetta_contract.exits import MAX_TERMINATION_MESSAGE, TERMINATION_LOG_ENV, TERMINATION_PREFIX
 from rosetta_contract.failures import CLASS_EXITS, FailureClass, parse_termination_message
 from rosetta_contract.strict_model import ConfigError
-from rosetta_trainer.cli import dispatch
-from rosetta_trainer.data import DataError
-from rosetta_trainer.data_checks import report_data_invalid
-from rosetta_trainer.distributed import CollectiveTimeout
-from rosetta_trainer.loop import NonFiniteError
+from rosetta_trainer.commands.cli import dispatch
+from rosetta_trainer.data.examples import DataError
+from rosetta_trainer.engine.loop import NonFiniteError
+from rosetta_trainer.preparation.data_checks import report_data_invalid
+from rosetta_trainer.runtime.distributed import CollectiveTimeout
 
 
 def failing(exc: BaseException) -> argparse.Namespace:

@@ -6,10 +6,10 @@ import pytest
 from transformers import NllbTokenizer
 
 from rosetta_contract.model_fields import TokenizerTraining
-from rosetta_trainer import token_ids
-from rosetta_trainer.corpus import generate_pairs
-from rosetta_trainer.token_ids import Encoder, public_ids
-from rosetta_trainer.tokenization import load_tokenizer, train_tokenizer
+from rosetta_trainer.data.corpus import generate_pairs
+from rosetta_trainer.models.tokenization import load_tokenizer, train_tokenizer
+from rosetta_trainer.preparation import token_ids
+from rosetta_trainer.preparation.token_ids import Encoder, public_ids
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def test_a_fast_path_that_disagrees_is_not_used(trained, pairs, monkeypatch, cap
         return lambda texts: [[i + 1 for i in ids] for ids in public_ids(tokenizer, max_length, target=target)(texts)]
 
     monkeypatch.setattr(token_ids, "_backend_ids", off_by_one)
-    with caplog.at_level(logging.WARNING, logger="rosetta_trainer.token_ids"):
+    with caplog.at_level(logging.WARNING, logger="rosetta_trainer.preparation.token_ids"):
         encoder = Encoder(trained, 32, 32, pairs)
 
     assert not encoder.fast

@@ -1,4 +1,4 @@
-"""rosetta_trainer.tokenization: trained tokenizers follow T5's conventions and round-trip text."""
+"""rosetta_trainer.models.tokenization: trained tokenizers follow T5's conventions and round-trip text."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from rosetta_contract.model_fields import TokenizerTraining
-from rosetta_trainer import corpus
-from rosetta_trainer.tokenization import (
+from rosetta_trainer.data import corpus
+from rosetta_trainer.models.tokenization import (
     EOS_ID,
     PAD_ID,
     UNK_ID,

@@ -11,8 +11,8 @@ import pytest
 from pydantic import ValidationError
 
 from rosetta_contract.model_fields import TokenizerTraining
-from rosetta_trainer import corpus
-from rosetta_trainer.tokenization import (
+from rosetta_trainer.data import corpus
+from rosetta_trainer.models.tokenization import (
     SAMPLE_SEED,
     _encoded,
     _reservoir,

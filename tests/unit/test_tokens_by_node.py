@@ -1,6 +1,6 @@
 """rosetta_node_tokens_per_second: each rank's tokens summed per node, as torchrun numbers ranks."""
 
-from rosetta_trainer.loop import tokens_by_node
+from rosetta_trainer.engine.loop import tokens_by_node
 
 
 def test_ranks_are_grouped_by_node():

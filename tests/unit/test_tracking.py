@@ -8,8 +8,8 @@ import struct
 import pytest
 
 from rosetta_contract.evaluation_fields import TrackingSpec, WandbSpec
-from rosetta_trainer import tracking
-from rosetta_trainer.telemetry import Telemetry
+from rosetta_trainer.telemetry import tracking
+from rosetta_trainer.telemetry.telemetry import Telemetry
 
 STEP = {"step": 5, "total_steps": 10, "epoch": 0.5, "loss": 2.5, "lr": 1e-3, "tokens_per_s": 1000.0,
         "samples_per_s": 40.0, "grad_norm": 0.75, "mfu": None, "val_loss": None}

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import T5Config, T5ForConditionalGeneration
 
-from rosetta_trainer.models import (
+from rosetta_trainer.models.models import (
     load_pretrained,
     model_from_config,
     output_is_untied,
@@ -98,7 +98,7 @@ def test_consolidated_deepspeed_weights_keep_the_separate_lm_head(flan_like, tmp
     """consolidated_model (export, evaluate) on fp32 weights as zero_to_fp32 returns them."""
     import deepspeed.utils.zero_to_fp32 as zero_to_fp32
 
-    from rosetta_trainer.deepspeed_backend import consolidated_model
+    from rosetta_trainer.checkpoints.deepspeed_checkpoints import consolidated_model
 
     path, state = flan_like
     trained = load_pretrained(str(path))

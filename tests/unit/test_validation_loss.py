@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 
 from rosetta_contract.config import TrainerSpec
-from rosetta_trainer.batching import IGNORE_INDEX, collate, encode
-from rosetta_trainer.data import Example
-from rosetta_trainer.distributed import World
-from rosetta_trainer.evaluate import validation_loss
+from rosetta_trainer.data.batching import IGNORE_INDEX, collate, encode
+from rosetta_trainer.data.examples import Example
+from rosetta_trainer.evaluation.evaluate import validation_loss
+from rosetta_trainer.runtime.distributed import World
 from support.tiny_models import PAIRS, tiny_model, tiny_tokenizer
 from support.training import TINY, deep_update
 
@@ -29,7 +29,7 @@ def spec(smoothing: float, batch: int) -> TrainerSpec:
 
 def reference(model, tokenizer, s: TrainerSpec) -> float:
     """The same figure by the textbook route: every example in one batch, torch's cross_entropy."""
-    from rosetta_trainer.evaluate import model_inputs
+    from rosetta_trainer.evaluation.evaluate import model_inputs
 
     corpus = encode(tokenizer, model_inputs(EXAMPLES, "en", s.uses_task_prefix()), [e.target for e in EXAMPLES],
                     s.data.max_source_length, s.data.max_target_length)
@@ -71,8 +71,8 @@ def test_no_examples_no_loss(tmp_path):
 SCRIPT = """
 import json, sys, torch
 from pathlib import Path
-from rosetta_trainer.distributed import close, init_world
-from rosetta_trainer.evaluate import validation_loss
+from rosetta_trainer.runtime.distributed import close, init_world
+from rosetta_trainer.evaluation.evaluate import validation_loss
 from support.tiny_models import tiny_model, tiny_tokenizer
 from test_validation_loss import EXAMPLES, spec
 world = init_world("cpu")

@@ -1,0 +1,1 @@
+"""Checkpoints: the atomic step directories, DeepSpeed's shards in them, averaging, the S3 mirror."""

@@ -1,0 +1,1 @@
+"""The training engine: the loop, the DDP and DeepSpeed backends, optimizers and schedules, preemption."""

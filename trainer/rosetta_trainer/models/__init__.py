@@ -1,0 +1,1 @@
+"""Models and tokenizers built or loaded, and the losses over their outputs: the bottom floor."""

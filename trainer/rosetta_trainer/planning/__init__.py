@@ -1,0 +1,1 @@
+"""Memory and compute estimates: will a spec fit, and its FLOPs."""
