@@ -187,7 +187,7 @@ def timed(fn, device, repeat: int) -> float:
     return (time.perf_counter() - started) / repeat
 
 
-def backend_steps(args, model: dict, batches, modes: list[str], warmup: int, repeat: int) -> dict:
+def backend_steps(args, model: dict, vocab: int, batches, modes: list[str], warmup: int, repeat: int) -> dict:
     """ms per optimizer step and MFU of the real DDPBackend (forward_loss, backward, step) on the given
     (input_ids, attention_mask, labels) batches, cycled, per training.compile mode."""
     import numpy as np
@@ -195,10 +195,10 @@ def backend_steps(args, model: dict, batches, modes: list[str], warmup: int, rep
     import torch._dynamo
 
     from rosetta_contract.documents import parse_document
-    from rosetta_trainer.backends import build_backend
-    from rosetta_trainer.distributed import World
-    from rosetta_trainer.flops import Seq2SeqDims, peak_flops, training_flops
-    from rosetta_trainer.models import build_model
+    from rosetta_trainer.engine.backends import build_backend
+    from rosetta_trainer.models.models import build_model
+    from rosetta_trainer.planning.flops import Seq2SeqDims, peak_flops, training_flops
+    from rosetta_trainer.runtime.distributed import World
 
     device = device_of(args)
     world = World(rank=0, local_rank=0, size=1, device=device)
@@ -215,7 +215,7 @@ def backend_steps(args, model: dict, batches, modes: list[str], warmup: int, rep
                                      "compile": mode, "device": device.type, "warmupSteps": 100}}}
         spec = parse_document(doc).spec
         torch.manual_seed(0)
-        net = build_model(spec.model, VOCAB, 512)
+        net = build_model(spec.model, vocab, 512)
         backend = build_backend(spec, world, net, total_steps=1000)
         dims = Seq2SeqDims.from_hf_config(backend.module.config)
         on_device = [tuple(t.to(device) for t in b) for b in batches]
@@ -253,6 +253,12 @@ def backend_steps(args, model: dict, batches, modes: list[str], warmup: int, rep
 
 
 VOCAB = 32128  # t5's vocabulary; the transformer steps use Multi30k's 8,000
+# The rehearsal's vocabulary. The loss is cut into chunks of vocabulary × token budget (logit_chunks) and a
+# compiled step unrolls one copy of it per chunk: at 1,024 two (the loop still runs) instead of t5's 63,
+# whose capture alone outran the step's time limit on a busy CPU.
+CPU_VOCAB = 1024
+# One layer a side: the capture's time grows with the layers traced, and a second layer runs no other code.
+CPU_MODEL = {"size": "tiny", "encoderLayers": 1, "decoderLayers": 1}
 
 
 def synthetic(rows: int, src: int, tgt: int, vocab: int, seed: int = 0):
@@ -265,12 +271,13 @@ def synthetic(rows: int, src: int, tgt: int, vocab: int, seed: int = 0):
 
 def step_t5_base(args) -> dict:
     if args.cpu:
-        model, batch, warmup, repeat = {"architecture": "t5", "size": "tiny"}, (4, 16, 16), 2, 2
+        model, batch, warmup, repeat = {"architecture": "t5", **CPU_MODEL}, (4, 16, 16), 2, 2
     else:
         # nanoT5's t5-base pre-training batch is 128 × 512 inputs; a translation-length batch that fills
         # an H100 as well: 128 pairs of 256 source and 256 target tokens.
         model, batch, warmup, repeat = {"architecture": "t5", "size": "base"}, (128, 256, 256), 6, 10
-    results = backend_steps(args, {**model, "dropout": 0.0}, [synthetic(*batch, VOCAB)],
+    vocab = CPU_VOCAB if args.cpu else VOCAB
+    results = backend_steps(args, {**model, "dropout": 0.0}, vocab, [synthetic(*batch, vocab)],
                             ["none", "default", "reduce-overhead"], warmup, repeat)
     return {"batch": batch, "modes": results, "table": {
         f"t5-base {m}": f"{r['ms_per_step']:.1f} ms, MFU {r['mfu'] if r['mfu'] is not None else '-'}"
@@ -282,7 +289,7 @@ def multi30k_like(pairs: int, count: int, vocab: int):
     compiled step (multiples of 8), with a few distinct shapes, as an epoch shows."""
     import numpy as np
 
-    from rosetta_trainer.batching import BatchShapes, Collation, EncodedCorpus
+    from rosetta_trainer.data.batching import BatchShapes, Collation, EncodedCorpus
 
     rng = np.random.default_rng(0)
     out = []
@@ -298,12 +305,13 @@ def multi30k_like(pairs: int, count: int, vocab: int):
 
 def step_transformer_base(args) -> dict:
     if args.cpu:
-        model, pairs, warmup, repeat = {"architecture": "transformer", "size": "tiny"}, 8, 2, 2
+        # Two batches are enough to cycle through them; every extra one is a step of each mode.
+        model, pairs, count, vocab = {"architecture": "transformer", **CPU_MODEL}, 8, 2, CPU_VOCAB
+        warmup, repeat = 2, 2
     else:
-        model, pairs, warmup, repeat = {"architecture": "transformer", "size": "base"}, 256, 12, 40
-    global VOCAB
-    VOCAB = 8000
-    results = backend_steps(args, {**model, "dropout": 0.1}, multi30k_like(pairs, 4, 8000),
+        model, pairs, count, vocab = {"architecture": "transformer", "size": "base"}, 256, 4, 8000
+        warmup, repeat = 12, 40
+    results = backend_steps(args, {**model, "dropout": 0.1}, vocab, multi30k_like(pairs, count, vocab),
                             ["none", "default", "reduce-overhead"], warmup, repeat)
     return {"pairs": pairs, "modes": results, "table": {
         f"transformer-base {m}": f"{r['ms_per_step']:.1f} ms, MFU {r['mfu'] if r['mfu'] is not None else '-'}"
@@ -315,8 +323,10 @@ def hf_comparison(args, architecture: str, size: str, work: Path) -> dict:
            "--results", str(work / "results"), "--repeats", "1", "--architecture", architecture,
            "--model-size", size, "--schedule", "noam", "--lr", "1e-3"]
     if args.cpu:
-        cmd += ["--steps", "20", "--skip-steps", "10", "--batch", "8", "--warmup", "10", "--eval-interval", "20",
-                "--eval-samples", "8", "--train-limit", "2000", "--log-interval", "5"]
+        # Two logged windows, the second measured, and one validation; the vocabulary as the other steps'
+        # (the strategies step trains on this run's tokenizer too).
+        cmd += ["--steps", "10", "--skip-steps", "5", "--batch", "8", "--warmup", "5", "--eval-interval", "10",
+                "--eval-samples", "8", "--train-limit", "2000", "--log-interval", "5", "--vocab", str(CPU_VOCAB)]
     else:
         # The example's schedule (noam, a warm-up of hundreds of steps); the peer's inverse_sqrt.
         cmd += ["--device", "cuda", "--bf16", "--compile", "reduce-overhead", "--steps", "300", "--skip-steps", "100",
@@ -346,6 +356,16 @@ def step_strategies(args) -> dict:
         raise SystemExit(f"{config} is missing: the vs-peer step writes it")
     out = args.work / "strategies"
     steps, skip = (10, 5) if args.cpu else (150, 50)
+    if args.cpu:
+        # A model this young never ends a sentence, so validation decodes to maxNewTokens: 8 tokens
+        # run the same generation as 128, in each of the three variants.
+        import yaml
+
+        document = yaml.safe_load(config.read_text())
+        document["spec"]["evaluation"]["maxNewTokens"] = 8
+        out.mkdir(parents=True, exist_ok=True)
+        config = out / "bench.yaml"
+        config.write_text(yaml.safe_dump(document, sort_keys=False))
     # A variant that fails (DeepSpeed missing, say) is a row with its exit, not the end of the step.
     subprocess.run([sys.executable, str(BENCH / "strategies.py"), "--config", str(config), "--variants",
                     "ddp,zero2,zero3", "--steps", str(steps), "--skip-steps", str(skip), "--timeout",
@@ -377,7 +397,8 @@ def step_multi30k_bleu(args) -> dict:
     spec["metrics"]["port"] = 0
     spec["evaluation"]["interval"] = spec["checkpoint"]["interval"] = 100000
     if args.cpu:
-        spec["model"]["size"] = "tiny"
+        spec["model"].update(CPU_MODEL)
+        spec["tokenizer"]["train"]["vocabSize"] = CPU_VOCAB
         spec["data"]["train"][0]["limit"] = 2000
         spec["training"]["batch"]["tokens"] = 1000
     else:
@@ -392,7 +413,7 @@ def step_multi30k_bleu(args) -> dict:
     except subprocess.TimeoutExpired:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)
-    from rosetta_trainer.checkpoint import latest_checkpoint
+    from rosetta_trainer.checkpoints.checkpoint import latest_checkpoint
 
     checkpoint = latest_checkpoint(out / "checkpoints")
     if checkpoint is None:

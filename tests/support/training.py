@@ -48,14 +48,15 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def torchrun_training(config: dict, out: Path, nproc: int, *extra: str, env: dict | None = None) -> dict:
+def torchrun_training(config: dict, out: Path, nproc: int | None, *extra: str, env: dict | None = None) -> dict:
     """`rosetta train` of `config` (written next to `out`) under torchrun with `nproc` workers,
-    one thread each; returns the run's summary."""
+    one thread each (None: the trainer alone, a world of one without a launcher or process group);
+    returns the run's summary."""
     path = out.parent / f"{out.name}.yaml"
     path.write_text(yaml.safe_dump(config))
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-                          "-m", "rosetta_trainer", "train", "-f", str(path), "--output", str(out), "--no-progress",
-                          *extra], capture_output=True, text=True, timeout=1800,
+    launcher = [] if nproc is None else ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+    res = subprocess.run([sys.executable, *launcher, "-m", "rosetta_trainer", "train", "-f", str(path),
+                          "--output", str(out), "--no-progress", *extra], capture_output=True, text=True, timeout=1800,
                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})})
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-4000:]
     return json.loads((out / "summary.json").read_text())
