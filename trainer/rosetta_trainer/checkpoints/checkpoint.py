@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from rosetta_trainer.runtime.distributed import World, all_gather_objects, barrier, broadcast_object
+from rosetta_trainer.runtime.durable_files import fsync_dir, fsync_tree
 
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 MARKER = "COMPLETE"
@@ -95,22 +96,6 @@ def _holds(path: Path, token: str) -> bool:
 
 def step_dir_name(step: int) -> str:
     return f"step-{step:08d}"
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_tree(path: Path) -> None:
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            with open(os.path.join(root, name), "rb") as fh:
-                os.fsync(fh.fileno())
-        fsync_dir(Path(root))
 
 
 def complete_checkpoints(root: Path) -> list[Path]:

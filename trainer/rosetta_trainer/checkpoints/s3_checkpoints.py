@@ -35,10 +35,9 @@ from rosetta_trainer.checkpoints.checkpoint import (
     MARKER,
     STEP_DIR,
     best_by_score,
-    fsync_dir,
-    fsync_tree,
     read_meta,
 )
+from rosetta_trainer.runtime.durable_files import fsync_dir, fsync_tree
 from rosetta_trainer.runtime.s3_client import (
     MULTIPART_THRESHOLD,
     Counters,

@@ -26,6 +26,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from rosetta_trainer.preparation.token_ids import Encoder
+from rosetta_trainer.runtime.durable_files import fsync_tree
 
 # 2: the key hashes each side's text and lengths apart, so the text can stream once.
 FORMAT_VERSION = 2
@@ -254,19 +255,6 @@ def write(root: Path, tokenizer, pairs: Iterable[tuple[str, str]], max_source: i
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return directory
-
-
-def fsync_tree(path: Path) -> None:
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            with open(os.path.join(root, name), "rb") as fh:
-                os.fsync(fh.fileno())
-        fd = os.open(root, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
 
 
 def is_complete(path: Path) -> bool:

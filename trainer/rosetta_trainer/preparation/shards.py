@@ -70,7 +70,6 @@ from rosetta_trainer.preparation.shard_writer import (  # noqa: F401
     corpus_key,
     default_workers,
     flatten,
-    fsync_tree,
     id_dtype,
     is_complete,
     tokenize,
