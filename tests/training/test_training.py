@@ -37,6 +37,12 @@ def test_loss_falls_and_every_output_is_written(write_config, tmp_path):
         assert key in steps[-1]
     assert steps[-1]["tokens_per_s"] > 0 and steps[-1]["flops_per_s"] > 0
     assert steps[-1]["mfu"] is None  # no accelerator peak on a CPU: achieved FLOP/s only
+    # The window's sums land in their own figures: 32 sentences a step, target tokens a part of all
+    # tokens, the step's seconds split into waiting, forward+backward and the optimizer.
+    assert max(r["samples_per_s"] * r["step_time_s"] for r in steps) == pytest.approx(32)
+    assert 0 < steps[-1]["target_tokens_per_s"] < steps[-1]["tokens_per_s"]
+    assert all(steps[-1][key] >= 0 for key in ("data_wait_s", "compute_s", "optimizer_s"))
+    assert steps[-1]["compute_s"] > 0
 
     evals = read_jsonl(out / "eval.jsonl")
     assert [e["step"] for e in evals] == [40, 80, 120]

@@ -25,6 +25,7 @@ from rosetta_trainer.data.examples import Example
 from rosetta_trainer.engine.backends import build_backend, compile_stats
 from rosetta_trainer.engine.preemption import StopRequested
 from rosetta_trainer.engine.step_clock import StepClock
+from rosetta_trainer.engine.step_window import BATCH_COUNTS, STEP_CLOCK, Stat, new_window
 from rosetta_trainer.evaluation.evaluate import evaluate_examples, primary_metric, validation_loss
 from rosetta_trainer.planning.flops import Seq2SeqDims, peak_for_run, training_flops
 from rosetta_trainer.runtime.distributed import (
@@ -166,9 +167,7 @@ class Trainer:
         self.stop.install()
         self.telemetry.set_static(total_steps=self.total_steps, world_size=world.size)
         stream = self._batches()
-        # loss·n, steps, tokens, target tokens, samples, flops, seconds waiting for batches,
-        # seconds in forward+backward, seconds in the optimizer step
-        window = torch.zeros(9, dtype=torch.float64)
+        window = new_window()
         clock = StepClock(world.device)
         loss_window = torch.zeros((), device=world.device)
         window_start = time.perf_counter()
@@ -186,25 +185,25 @@ class Trainer:
                 for micro in range(accum):
                     waited = time.perf_counter()
                     epoch, index, batch = next(stream)
-                    window[6] += time.perf_counter() - waited
+                    window[Stat.DATA_WAIT_S] += time.perf_counter() - waited
                     started = clock.mark()
                     loss, _ = self._micro_step(batch, boundary=micro == accum - 1, accumulation=accum)
                     clock.add("compute", started)
                     loss_window += loss / accum
-                    window[2:6] += batch["counts"]  # tokens, target tokens, sentences, FLOPs
+                    window[BATCH_COUNTS] += batch["counts"]
                     pos.epoch, pos.batch = epoch, index + 1
                 started = clock.mark()
                 grad_norm = self._optimizer_step()
                 clock.add("optimizer", started)
                 pos.step += 1
-                window[1] += 1
+                window[Stat.STEPS] += 1
                 self.telemetry.beat()
                 if bar is not None:
                     bar.update(1)
 
                 if pos.step % t.log_interval == 0 or pos.step == self.total_steps:
                     self._read_step_flags()
-                    window[7:9] = torch.tensor(clock.take(), dtype=torch.float64)
+                    window[STEP_CLOCK] = torch.tensor(clock.take(), dtype=torch.float64)
                     last_record = self._log(window, loss_window, grad_norm, time.perf_counter() - window_start, totals)
                     if bar is not None:
                         bar.set_postfix(loss=f"{last_record['loss']:.3f}", tok_s=f"{last_record['tokens_per_s']:.0f}",
@@ -288,16 +287,17 @@ class Trainer:
     def _log(self, window, loss_window, grad_norm, seconds, totals) -> dict:
         world, pos = self.world, self.pos
         w = window.clone()
-        w[0] = float(loss_window.item())
+        w[Stat.LOSS] = float(loss_window.item())
         # Each rank's tokens in its own slot, summed in the same collective: tokens/s per node.
         mine = torch.zeros(world.size, dtype=torch.float64)
-        mine[world.rank] = window[2]
+        mine[world.rank] = window[Stat.TOKENS]
         reduced = all_reduce_sum(world, torch.cat([w, mine]).to(world.device)).cpu()
-        steps = max(1.0, float(window[1]))
-        loss = float(reduced[0]) / world.size / steps
-        tokens, tgt_tokens, samples, flops = (float(x) for x in reduced[2:6])
-        data_wait, compute, optimizer = (float(x) / world.size / steps for x in reduced[6:9])
-        per_node = tokens_by_node(reduced[9:].tolist(), world.local_size or world.size)
+        steps = max(1.0, float(window[Stat.STEPS]))
+        loss = float(reduced[Stat.LOSS]) / world.size / steps
+        tokens, tgt_tokens, samples, flops = (float(x) for x in reduced[BATCH_COUNTS])
+        data_wait, compute, optimizer = (float(x) / world.size / steps
+                                         for x in reduced[Stat.DATA_WAIT_S:Stat.OPTIMIZER_S + 1])
+        per_node = tokens_by_node(reduced[len(Stat):].tolist(), world.local_size or world.size)
         totals["tokens"] += tokens
         totals["seconds"] += seconds
         flops_per_s = flops / seconds if seconds > 0 else None
