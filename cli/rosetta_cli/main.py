@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rosetta_cli import validate
 from rosetta_contract import __version__
+from rosetta_contract.command_dispatch import dispatch
 from rosetta_operator import cli as operator_cli
 from rosetta_trainer.commands import cli as trainer_cli
 
@@ -86,4 +87,4 @@ def _cmd_completion(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return int(trainer_cli.dispatch(build_parser(invoked_as(sys.argv[0])).parse_args(argv)))
+    return dispatch(build_parser(invoked_as(sys.argv[0])).parse_args(argv))
