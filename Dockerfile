@@ -22,7 +22,7 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 # trainer stage: PyPI's torch wheel is the CUDA build and brings CUDA's runtime libraries as
 # nvidia-* wheels, so a plain Python base serves; a CUDA base with Python 3.11 would too.
 ARG TRAINER_BASE_IMAGE=python:3.11-slim-bookworm
-# The one torch pin, the same as the Makefile's TORCH (tests/unit/test_packaging.py checks).
+# The one torch pin, the same as the Makefile's TORCH (tests/unit/project/test_packaging.py checks).
 ARG TORCH=torch==2.13.0
 
 # ---------------------------------------------------------------------------- wheel
@@ -50,7 +50,7 @@ ENV PYTHONUNBUFFERED=1 \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 # The package with its [operator] extra: the operator imports only rosetta_operator and the
-# torch-free rosetta_contract, so no torch, no trainer stack (tests/unit/test_packaging.py checks
+# torch-free rosetta_contract, so no torch, no trainer stack (tests/unit/project/test_packaging.py checks
 # that the operator's modules import with nothing else installed).
 # The same pins as CI (constraints.txt): a rebuild months later gets the kopf and client CI tested.
 RUN python3 -m venv --upgrade-deps /opt/venv

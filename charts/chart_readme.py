@@ -9,7 +9,7 @@ helm-docs comments above it:
     .venv/bin/python charts/chart_readme.py > charts/rosetta/README.md
 
 Every value needs a description, on itself or on a mapping above it: the generator stops, naming
-the values that have none. tests/unit/test_chart_readme.py fails when the committed README differs
+the values that have none. tests/unit/project/test_chart_readme.py fails when the committed README differs
 from this output, and `make verify` when `make generate` changed it.
 """
 

@@ -6,7 +6,7 @@ and `lint` against the schema, so a wrong type fails with the value's path befor
 
 A key the chart does not know is refused in the chart's own objects (a typo such as `watchNamespace`
 would otherwise be ignored in silence); the free-form Kubernetes objects (`resources`, `affinity`,
-`podSecurityContext`, labels and annotations, ...) take anything. tests/unit/test_values_schema.py
+`podSecurityContext`, labels and annotations, ...) take anything. tests/unit/project/test_values_schema.py
 fails when the committed file differs from this output.
 """
 

@@ -15,7 +15,7 @@ Modules a non-exhaustive contract has not placed yet get a box of their own; pac
 layers (the command line) are drawn flat, as it is. A subpackage named as a layer brings all its modules.
 
 The output is sorted and carries no date, so running it twice changes nothing, and only the text
-between the two markers is rewritten. tests/unit/test_architecture_diagram.py fails when the
+between the two markers is rewritten. tests/unit/project/test_architecture_diagram.py fails when the
 committed block differs from this output; `make verify` when `make generate` changed it.
 """
 

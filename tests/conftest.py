@@ -24,7 +24,10 @@ from packaging.version import Version
 from control_plane import ControlPlaneError
 from controllers import install_crds
 from support.cluster import Cluster, start_control_plane
-from support.images import docker_engine, image_logs, images, test_base  # noqa: F401 - fixtures
+
+# The image fixtures (a docker engine, the built images) serve tests/images, tests/cluster and the
+# node tier alike, so every folder below gets them, as a plugin rather than as names imported here.
+pytest_plugins = ["support.images"]
 
 
 @pytest.fixture(scope="session")

@@ -46,7 +46,7 @@ OOM_KILLED_EXIT = 82
 # Which error ends a `rosetta` command (and a trainer pod) with which status: one table for every
 # entry point. Classes are named, not imported, so that this package imports neither side; an error
 # whose module was never imported cannot have been raised, so looking in sys.modules is enough.
-# tests/unit/test_exit_codes.py checks that every row names a real exception class.
+# tests/unit/contract/test_exit_codes.py checks that every row names a real exception class.
 ERROR_EXITS: tuple[tuple[str, str, int], ...] = (
     ("rosetta_contract.strict_model", "ConfigError", CONFIG_EXIT),  # PolicyViolation too
     ("rosetta_operator.policy", "PolicyError", CONFIG_EXIT),  # an admin policy file that cannot be used

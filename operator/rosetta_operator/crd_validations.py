@@ -25,7 +25,7 @@ class CelRule:
     """An x-kubernetes-validations rule at `path` (dotted, `[]` = each list item) of the spec.
 
     Each mirrors a pydantic validator, so `kubectl apply` rejects what the operator
-    would reject anyway; tests/unit/test_crd.py checks both agree on the same inputs.
+    would reject anyway; tests/unit/operator/test_crd.py checks both agree on the same inputs.
     Every optional field is guarded with has(): the apiserver evaluates rules on
     what the user wrote plus scalar defaults only.
     """

@@ -31,7 +31,7 @@ from rosetta_operator.names import label_value
 from rosetta_operator.pod_template import SCRATCH_MOUNTS
 from rosetta_operator.render import render
 from support.cluster import GROUP, JS_GROUP, JS_PLURAL, JS_VERSION, PLURAL, REPO, VERSION, Cluster, wait_for
-from unit.openapi_check import assert_valid_jobset, cel_failures, schema_errors, with_defaults
+from support.openapi_check import assert_valid_jobset, cel_failures, schema_errors, with_defaults
 
 TRAINER = {
     "model": {"architecture": "transformer", "size": "tiny"},

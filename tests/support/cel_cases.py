@@ -1,6 +1,6 @@
 """Specs that each break exactly one of the CRD's cross-field (CEL) rules, and valid ones beside them.
 
-Shared by tests/unit/test_crd.py (the rules checked with cel-python, and against pydantic) and
+Shared by tests/unit/operator/test_crd.py (the rules checked with cel-python, and against pydantic) and
 tests/cluster/test_api_validation.py (the same documents sent to a real kube-apiserver).
 """
 

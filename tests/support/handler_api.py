@@ -1,7 +1,8 @@
 """An in-memory API for the handlers' unit tests: just the CustomObjectsApi and CoreV1Api calls
 the handlers make, over a dict of objects, and a training and a reconcile call over it.
 
-    from support.handler_api import api, warnings  # noqa: F401 - fixtures
+Its fixtures (`api`, `warnings`, `jobs`) are in tests/unit/operator/conftest.py, the one folder whose
+tests use them, so that no test module imports a fixture by name.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ import logging
 from types import SimpleNamespace
 
 import kopf
-import kubernetes
-import pytest
 from kubernetes.client.rest import ApiException
 
 from rosetta_operator import event_memory, handlers
@@ -104,22 +103,6 @@ class FakeAPI:
 
     def of(self, kind: str) -> list[tuple]:
         return [c for c in self.calls if c[1] == kind]
-
-
-@pytest.fixture
-def api(monkeypatch: pytest.MonkeyPatch) -> FakeAPI:
-    fake = FakeAPI()
-    monkeypatch.setattr(kubernetes.client, "CustomObjectsApi", lambda _client=None: fake)
-    monkeypatch.setattr(kubernetes.client, "CoreV1Api", lambda _client=None: fake)
-    return fake
-
-
-@pytest.fixture
-def warnings(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
-    posted: list[dict] = []
-    monkeypatch.setattr(kopf, "warn", lambda obj, *, reason, message="", **_: posted.append(
-        {"name": obj["metadata"]["name"], "reason": reason, "message": message}))
-    return posted
 
 
 def memo(api: FakeAPI) -> kopf.Memo:

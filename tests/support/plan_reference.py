@@ -1,5 +1,5 @@
 """An epoch's batch plan made the way the trainer made it before the packing was vectorised: one
-Python step per example. tests/unit/test_batching.py holds batching.plan_epoch to it, batch for
+Python step per example. tests/unit/trainer/data/test_batching.py holds batching.plan_epoch to it, batch for
 batch; bench/plan_epoch.py times both."""
 
 from __future__ import annotations

@@ -25,13 +25,13 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml")) + sorted((ROOT / "examples").glob("*.yaml"))
 TESTS = [
-    "tests/unit/test_render.py", "tests/unit/test_render_fault_tolerance.py", "tests/unit/test_render_s3.py",
-    "tests/unit/test_render_tracking.py", "tests/unit/test_staging_render.py",
-    "tests/unit/test_after_training_evaluation.py", "tests/unit/test_evaluation_only.py",
-    "tests/unit/test_examples.py", "tests/unit/test_preemption.py", "tests/unit/test_checkpoint_dir_confinement.py",
-    "tests/unit/test_hostile_specs.py", "tests/unit/test_handlers_scheduling.py",
-    "tests/unit/test_operator_settings.py", "tests/unit/test_policy.py", "tests/unit/test_default_image.py",
-    "tests/unit/test_node_health.py", "tests/unit/test_attempt_logs.py", "tests/hostile",
+    "tests/unit/operator/test_render.py", "tests/unit/operator/test_render_fault_tolerance.py", "tests/unit/operator/test_render_s3.py",
+    "tests/unit/operator/test_render_tracking.py", "tests/unit/operator/test_staging_render.py",
+    "tests/unit/operator/test_after_training_evaluation.py", "tests/unit/operator/test_evaluation_only.py",
+    "tests/unit/operator/test_examples.py", "tests/unit/trainer/engine/test_preemption.py", "tests/unit/operator/test_checkpoint_dir_confinement.py",
+    "tests/unit/contract/test_hostile_specs.py", "tests/unit/operator/test_handlers_scheduling.py",
+    "tests/unit/operator/test_operator_settings.py", "tests/unit/operator/test_policy.py", "tests/unit/operator/test_default_image.py",
+    "tests/unit/operator/test_node_health.py", "tests/unit/operator/test_attempt_logs.py", "tests/hostile",
 ]
 # Where the plugin writes the calls it sees (set by `capture` for the pytest run it starts).
 RECORD_ENV = "ROSETTA_RENDER_SNAPSHOT_RECORD"
