@@ -38,10 +38,10 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 
-# mypy with pydantic's plugin, strict (pyproject.toml's overrides), over the contract package that both
-# sides build on, the operator and the command line.
+# mypy with pydantic's plugin, strict (pyproject.toml's overrides), over every package: the contract
+# both sides build on, the operator, the trainer and the command line.
 typecheck: install
-	$(VENV)/bin/mypy -p rosetta_contract -p rosetta_operator -p rosetta_cli
+	$(VENV)/bin/mypy -p rosetta_contract -p rosetta_operator -p rosetta_cli -p rosetta_trainer
 
 # Files generated from the code: the CRD (from the spec models) and its copy in the chart, the
 # chart's values schema and README (from values.yaml and its comments), the raw operator manifest

@@ -26,6 +26,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -33,6 +34,9 @@ from rosetta_trainer.checkpoints.checkpoint import checkpoint_score, complete_ch
 from rosetta_trainer.checkpoints.deepspeed_checkpoints import consolidated_model, is_deepspeed_checkpoint
 from rosetta_trainer.models.models import load_pretrained
 from rosetta_trainer.models.tokenization import load_tokenizer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +55,7 @@ def select(root: Path, *, last: int | None = None, best: int | None = None) -> l
     """
     if (last is None) == (best is None):
         raise ValueError("select: pass exactly one of last or best")
-    n = last if last is not None else best
+    n = cast(int, last if last is not None else best)  # exactly one, checked above
     found = complete_checkpoints(Path(root))
     if not found:
         raise AveragingError(f"{root} holds no complete checkpoint (step-NNNNNNNN directories with a COMPLETE marker)")
@@ -60,8 +64,8 @@ def select(root: Path, *, last: int | None = None, best: int | None = None) -> l
             raise AveragingError(f"last {n}: {root} holds only {len(found)} complete checkpoint(s) "
                                  f"({', '.join(p.name for p in found)}); checkpoint.keep decides how many stay")
         return found[-n:]
-    scored = [(checkpoint_score(read_meta(p)), p) for p in found]
-    scored = [(score, p) for score, p in scored if score is not None]
+    candidates = [(checkpoint_score(read_meta(p)), p) for p in found]
+    scored = [(score, p) for score, p in candidates if score is not None]
     if len(scored) < n:
         raise AveragingError(f"best {n}: only {len(scored)} of the {len(found)} complete checkpoints in {root} "
                              "have a validation score (checkpoints saved without an evaluation have none)")
@@ -70,7 +74,7 @@ def select(root: Path, *, last: int | None = None, best: int | None = None) -> l
     return sorted(p for _, p in chosen)
 
 
-def load_weights(checkpoint: Path):
+def load_weights(checkpoint: Path) -> PreTrainedModel:
     """The whole model of a checkpoint (or of an exported/averaged model directory), on the CPU."""
     checkpoint = Path(checkpoint)
     if is_deepspeed_checkpoint(checkpoint):
@@ -81,14 +85,14 @@ def load_weights(checkpoint: Path):
     return load_pretrained(str(model_dir))
 
 
-def average_models(checkpoints: list[Path]):
+def average_models(checkpoints: list[Path]) -> PreTrainedModel:
     """The newest checkpoint's model with its parameters replaced by the mean over `checkpoints`
     (oldest first). Loads one model at a time: memory is two models and an fp32 sum."""
     if not checkpoints:
         raise AveragingError("no checkpoints to average")
     sums: dict[str, torch.Tensor] = {}
-    shapes: dict[str, tuple] = {}
-    model = None
+    shapes: dict[str, tuple[int, ...]] = {}
+    model: PreTrainedModel | None = None
     for i, path in enumerate(checkpoints):
         model = load_weights(path)
         # Buffers and frozen parameters (sinusoidal position tables) are not averaged: constants
@@ -111,13 +115,15 @@ def average_models(checkpoints: list[Path]):
         if i < len(checkpoints) - 1:
             del model, state
     n = len(checkpoints)
+    model = cast("PreTrainedModel", model)  # the loop ran: checkpoints is not empty
     newest = model.state_dict()
     averaged = {key: (sums[key] / n).to(newest[key].dtype) if key in sums else newest[key] for key in newest}
     model.load_state_dict(averaged)
     return model
 
 
-def _check_same_model(first: Path, shapes: dict, path: Path, state: dict) -> None:
+def _check_same_model(first: Path, shapes: dict[str, tuple[int, ...]], path: Path,
+                      state: dict[str, torch.Tensor]) -> None:
     if set(state) != set(shapes):
         extra, missing = sorted(set(state) - set(shapes)), sorted(set(shapes) - set(state))
         names = ", ".join(extra[:3] or missing[:3])

@@ -33,13 +33,20 @@ import shutil
 import socket
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence, TypeVar, cast
 
 import numpy as np
 import torch
+from torch.serialization import MAP_LOCATION
+from torch.types import FileLike
 
 from rosetta_trainer.runtime.distributed import World, all_gather_objects, barrier, broadcast_object
 from rosetta_trainer.runtime.durable_files import fsync_dir, fsync_tree
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+T = TypeVar("T")
 
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 MARKER = "COMPLETE"
@@ -61,7 +68,7 @@ def check_shared(root: Path, world: World) -> None:
     """
     if not world.spans_nodes:
         return
-    token = broadcast_object(world, secrets.token_hex(16) if world.is_main else None)
+    token = cast(str, broadcast_object(world, secrets.token_hex(16) if world.is_main else None))  # rank 0's
     probe = root / f"{SHARED_PROBE_PREFIX}{token}"
     if world.is_main:
         root.mkdir(parents=True, exist_ok=True)
@@ -128,27 +135,28 @@ def latest_checkpoint(root: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def best_by_score(candidates):
+def best_by_score(candidates: Iterable[tuple[float | None, str, T]]) -> T | None:
     """The item of the best-scoring (score, step directory name, item), skipping unscored ones;
     None when none has a score. Ties go to the earlier step: a later checkpoint must be
     strictly better (the same rule here and for the copies in S3)."""
-    scored = [(score, -int(STEP_DIR.match(name).group(1)), i, item)
+    scored = [(score, -int(cast("re.Match[str]", STEP_DIR.match(name)).group(1)), i, item)  # step-N names
               for i, (score, name, item) in enumerate(candidates) if score is not None]
     return max(scored)[3] if scored else None
 
 
-def read_meta(path: Path) -> dict:
-    return json.loads((path / "meta.json").read_text())
+def read_meta(path: Path) -> dict[str, Any]:
+    meta: dict[str, Any] = json.loads((path / "meta.json").read_text())
+    return meta
 
 
-def checkpoint_score(meta: dict) -> float | None:
+def checkpoint_score(meta: dict[str, Any]) -> float | None:
     """The validation score of the primary metric a checkpoint was saved with ("metric" names it);
     checkpoints of earlier versions call it "bleu", whatever the metric."""
     return meta["score"] if "score" in meta else meta.get("bleu")
 
 
-def rng_state() -> dict:
-    state = {
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
@@ -158,7 +166,7 @@ def rng_state() -> dict:
     return state
 
 
-def set_rng_state(state: dict) -> None:
+def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
@@ -166,15 +174,21 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+class ModelSaver(Protocol):
+    """What writes a checkpoint's weights: the engine's backends (DDP, DeepSpeed)."""
+
+    def save_model(self, directory: Path) -> None: ...
+
+
 class CheckpointManager:
     def __init__(self, root: Path, world: World, keep: int = 3, keep_best: bool = True,
-                 on_complete: Callable[[Path], None] | None = None):
+                 on_complete: Callable[[Path], None] | None = None) -> None:
         self.root, self.world, self.keep, self.keep_best = Path(root), world, keep, keep_best
         # Rank 0 calls it with each checkpoint once complete on disk (the S3 mirror's hook).
         self.on_complete = on_complete
 
-    def save(self, *, step: int, backend, tokenizer, trainer_state: dict, document_yaml: str,
-             meta: dict) -> Path:
+    def save(self, *, step: int, backend: ModelSaver, tokenizer: PreTrainedTokenizerBase, trainer_state: dict[str, Any],
+             document_yaml: str, meta: dict[str, Any]) -> Path:
         """Collective: every rank must call it. Returns the final directory.
 
         `backend.save_model(tmp)` writes the weights: Hugging Face files from rank 0 (DDP), or
@@ -237,10 +251,14 @@ class UnsafeCheckpointError(RuntimeError):
 
 # Besides tensors and Python's plain types, a checkpoint's pickles hold one kind of object: the
 # uint32 array of numpy's RNG state. These rebuild arrays and nothing else.
-NUMPY_ARRAY_GLOBALS = [np.ndarray, np.dtype, np._core.multiarray._reconstruct, type(np.dtype(np.uint32))]
+# numpy's stubs leave out its private _core, where the pickles name _reconstruct.
+NUMPY_ARRAY_GLOBALS = [np.ndarray, np.dtype, np._core.multiarray._reconstruct,  # type: ignore[attr-defined]
+                       type(np.dtype(np.uint32))]
 
 
-def load_state_file(path, map_location=None, *, allowed: Sequence[type] = (), **load_args):
+def load_state_file(path: FileLike, map_location: MAP_LOCATION = None, *,
+                    allowed: Sequence[Callable[..., Any] | tuple[Callable[..., Any], str]] = (),
+                    **load_args: Any) -> Any:
     """torch.load that runs no code from the file (weights_only, numpy arrays and the `allowed`
     classes permitted): whoever can write the shared claim or the S3 prefix must not run code in
     every training pod. A pickle that asks for anything else is refused with UnsafeCheckpointError,
@@ -256,7 +274,7 @@ def load_state_file(path, map_location=None, *, allowed: Sequence[type] = (), **
             raise UnsafeCheckpointError(f"{path} holds objects a checkpoint never has (refused, not run): {what}") from None
 
 
-def load_trainer_state(path: Path, world: World) -> tuple[dict, dict | None]:
+def load_trainer_state(path: Path, world: World) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """(trainer state, this rank's RNG state or None when the world size changed)."""
     state = load_state_file(path / "trainer_state.pt", map_location=world.device)
     rng_file = path / "rng" / f"rank-{world.rank}.pt"

@@ -9,18 +9,24 @@ from __future__ import annotations
 import contextlib
 import pickle
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
+from torch.serialization import MAP_LOCATION
+from torch.types import FileLike
 
 from rosetta_trainer.checkpoints.checkpoint import load_state_file
 from rosetta_trainer.models.models import freeze_fixed_positions, untie_output_for
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # DeepSpeed's sub-directory inside a step-NNNNNNNN checkpoint, and its config file.
 TAG = "deepspeed"
 CONFIG_FILE = "deepspeed_config.json"
 
 
-def checkpoint_classes() -> list:
+def checkpoint_classes() -> list[Callable[..., Any] | tuple[Callable[..., Any], str]]:
     """What DeepSpeed pickles into its checkpoints besides tensors and plain types (found by loading
     real ZeRO-1, 2 and 3 checkpoints, with and without offload, with weights_only=True), and why
     each may be unpickled: all are plain data. Unpickling one sets attributes (or, the enum, looks a
@@ -42,7 +48,8 @@ def checkpoint_classes() -> list:
     ]
 
 
-def _enum_member(cls: object, name: str) -> object:
+# `cls`: whatever the pickle names (Any, so that comparing it leaves ZeroStageEnum as it is).
+def _enum_member(cls: Any, name: str) -> object:
     from deepspeed.runtime.zero.config import ZeroStageEnum
 
     if cls is not ZeroStageEnum or not isinstance(name, str) or name not in ZeroStageEnum.__members__:
@@ -51,7 +58,7 @@ def _enum_member(cls: object, name: str) -> object:
 
 
 @contextlib.contextmanager
-def weights_only_loads():
+def weights_only_loads() -> Iterator[None]:
     """Inside the block, every torch.load is checkpoint.load_state_file with checkpoint_classes
     allowed, whatever weights_only its caller asks for: a planted pickle is refused with
     UnsafeCheckpointError instead of run.
@@ -63,7 +70,8 @@ def weights_only_loads():
     """
     allowed = checkpoint_classes()
 
-    def load(f, map_location=None, pickle_module=None, *, weights_only=None, **load_args):
+    def load(f: FileLike, map_location: MAP_LOCATION = None, pickle_module: Any = None, *,
+             weights_only: bool | None = None, **load_args: Any) -> Any:
         return load_state_file(f, map_location, allowed=allowed, pickle_module=pickle_module, **load_args)
 
     original = torch.load
@@ -78,7 +86,7 @@ def is_deepspeed_checkpoint(path: Path) -> bool:
     return (Path(path) / TAG).is_dir()
 
 
-def consolidated_model(checkpoint: Path):
+def consolidated_model(checkpoint: Path) -> PreTrainedModel:
     """The whole model of a DeepSpeed checkpoint, gathered from its ZeRO shards with
     DeepSpeed's zero_to_fp32 (fp32 master weights; no process group needed)."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
@@ -88,7 +96,7 @@ def consolidated_model(checkpoint: Path):
     with weights_only_loads():
         state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint), tag=TAG)
     config = AutoConfig.from_pretrained(checkpoint / "model")
-    model = AutoModelForSeq2SeqLM.from_config(config)
+    model: PreTrainedModel = AutoModelForSeq2SeqLM.from_config(config)
     untie_output_for(model, state)  # flan-T5/mT5: a separate lm_head must not collapse into the embedding
     missing, unexpected = model.load_state_dict(state, strict=False)
     model.tie_weights(recompute_mapping=False)  # recomputing would re-tie an untied lm_head

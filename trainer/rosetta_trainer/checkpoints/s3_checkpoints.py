@@ -19,6 +19,7 @@ AWS chain (env, IRSA, instance profile); the operator fills the env from a Secre
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import logging
@@ -27,6 +28,7 @@ import shutil
 import socket
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import botocore.exceptions as boto_errors
 
@@ -65,9 +67,9 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def manifest_of(checkpoint: Path) -> dict:
+def manifest_of(checkpoint: Path) -> dict[str, dict[str, Any]]:
     """{relative path: {size, sha256}} of every file but the local COMPLETE marker."""
-    files = {}
+    files: dict[str, dict[str, Any]] = {}
     for path in sorted(p for p in checkpoint.rglob("*") if p.is_file()):
         rel = path.relative_to(checkpoint).as_posix()
         if rel != MARKER:
@@ -78,7 +80,7 @@ def manifest_of(checkpoint: Path) -> dict:
 class Keys:
     """Object keys of one mirror prefix."""
 
-    def __init__(self, spec: S3MirrorSpec):
+    def __init__(self, spec: S3MirrorSpec) -> None:
         self.bucket, self.base = spec.bucket, f"{spec.prefix}/" if spec.prefix else ""
 
     def step(self, name: str) -> str:
@@ -91,18 +93,18 @@ class Keys:
         return f"s3://{self.bucket}/{key}"
 
 
-def list_checkpoints(client, spec: S3MirrorSpec, policy: RetryPolicy, counters: Counters) -> list[tuple[str, bool]]:
+def list_checkpoints(client: Any, spec: S3MirrorSpec, policy: RetryPolicy, counters: Counters) -> list[tuple[str, bool]]:
     """(step dir name, has COMPLETE) of every step prefix in S3, oldest first."""
     keys = Keys(spec)
 
-    def step_names():
-        names = []
+    def step_names() -> list[str]:
+        names: list[str] = []
         for page in client.get_paginator("list_objects_v2").paginate(Bucket=keys.bucket, Prefix=keys.base,
                                                                       Delimiter="/"):
             names += [p["Prefix"][len(keys.base):].rstrip("/") for p in page.get("CommonPrefixes", [])]
         return sorted(n for n in names if STEP_DIR.match(n))
 
-    def has_marker(name):
+    def has_marker(name: str) -> bool:
         try:
             client.head_object(Bucket=keys.bucket, Key=keys.file(name, MARKER))
             return True
@@ -112,13 +114,14 @@ def list_checkpoints(client, spec: S3MirrorSpec, policy: RetryPolicy, counters: 
             raise
 
     names = with_retries(f"list {keys.url(keys.base)}", step_names, policy, counters)
-    return [(n, with_retries(f"check {keys.url(keys.file(n, MARKER))}", lambda n=n: has_marker(n), policy, counters))
+    return [(n, with_retries(f"check {keys.url(keys.file(n, MARKER))}", functools.partial(has_marker, n), policy,
+                             counters))
             for n in names]
 
 
 
-def upload_checkpoint(client, spec: S3MirrorSpec, source: Path, name: str, policy: RetryPolicy,
-                      counters: Counters) -> dict:
+def upload_checkpoint(client: Any, spec: S3MirrorSpec, source: Path, name: str, policy: RetryPolicy,
+                      counters: Counters) -> dict[str, Any]:
     """Upload the tree `source` as step prefix `name`; verify every object; COMPLETE last."""
     keys, bucket = Keys(spec), spec.bucket
     started = time.perf_counter()
@@ -131,7 +134,7 @@ def upload_checkpoint(client, spec: S3MirrorSpec, source: Path, name: str, polic
     for rel, meta in files.items():
         key = keys.file(name, rel)
 
-        def put_and_verify(rel=rel, meta=meta, key=key):
+        def put_and_verify(rel: str = rel, meta: dict[str, Any] = meta, key: str = key) -> None:
             client.upload_file(str(source / rel), bucket, key, Config=transfer, ExtraArgs={
                 "ChecksumAlgorithm": "SHA256", "Metadata": {"sha256": meta["sha256"]}})
             _verify_object(client, bucket, key, meta, keys)
@@ -148,10 +151,11 @@ def upload_checkpoint(client, spec: S3MirrorSpec, source: Path, name: str, polic
             "seconds": round(time.perf_counter() - started, 3)}
 
 
-def _put_bytes(client, bucket, key, body: bytes, keys: Keys, policy, counters) -> None:
+def _put_bytes(client: Any, bucket: str, key: str, body: bytes, keys: Keys, policy: RetryPolicy,
+               counters: Counters) -> None:
     meta = {"size": len(body), "sha256": hashlib.sha256(body).hexdigest()}
 
-    def put():
+    def put() -> None:
         client.put_object(Bucket=bucket, Key=key, Body=body, ChecksumAlgorithm="SHA256",
                           Metadata={"sha256": meta["sha256"]})
         _verify_object(client, bucket, key, meta, keys)
@@ -159,7 +163,7 @@ def _put_bytes(client, bucket, key, body: bytes, keys: Keys, policy, counters) -
     with_retries(f"upload {keys.url(key)}", put, policy, counters)
 
 
-def _verify_object(client, bucket: str, key: str, meta: dict, keys: Keys) -> None:
+def _verify_object(client: Any, bucket: str, key: str, meta: dict[str, Any], keys: Keys) -> None:
     """HEAD the object: its size, our sha256 and (single-part objects) S3's own SHA-256 must match."""
     head = client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
     problems = []
@@ -175,7 +179,8 @@ def _verify_object(client, bucket: str, key: str, meta: dict, keys: Keys) -> Non
         raise VerifyError(f"{keys.url(key)} reads back wrong: {'; '.join(problems)}")
 
 
-def _check_listing(client, spec: S3MirrorSpec, name: str, files: dict, policy, counters) -> None:
+def _check_listing(client: Any, spec: S3MirrorSpec, name: str, files: dict[str, dict[str, Any]], policy: RetryPolicy,
+                   counters: Counters) -> None:
     """Every manifest file is listed; objects left by an earlier upload of this step are deleted."""
     keys = Keys(spec)
     listed = set(with_retries(f"list {keys.url(keys.step(name))}",
@@ -188,19 +193,21 @@ def _check_listing(client, spec: S3MirrorSpec, name: str, files: dict, policy, c
     _delete_keys(client, spec.bucket, sorted(listed - wanted), keys, policy, counters)
 
 
-def _delete_keys(client, bucket: str, doomed: list[str], keys: Keys, policy, counters) -> None:
+def _delete_keys(client: Any, bucket: str, doomed: list[str], keys: Keys, policy: RetryPolicy,
+                 counters: Counters) -> None:
     for i in range(0, len(doomed), 1000):
-        batch = {"Objects": [{"Key": k} for k in doomed[i:i + 1000]], "Quiet": True}
+        objects = [{"Key": k} for k in doomed[i:i + 1000]]
+        batch = {"Objects": objects, "Quiet": True}
 
-        def delete(batch=batch):
+        def delete(batch: dict[str, Any] = batch) -> None:
             errors = client.delete_objects(Bucket=bucket, Delete=batch).get("Errors", [])
             if errors:
                 raise MirrorError(f"delete {keys.url(errors[0]['Key'])}: {errors[0].get('Message')}")
 
-        with_retries(f"delete {len(batch['Objects'])} objects under {keys.url(keys.base)}", delete, policy, counters)
+        with_retries(f"delete {len(objects)} objects under {keys.url(keys.base)}", delete, policy, counters)
 
 
-def prune(client, spec: S3MirrorSpec, keep: int, best: str | None, policy: RetryPolicy,
+def prune(client: Any, spec: S3MirrorSpec, keep: int, best: str | None, policy: RetryPolicy,
           counters: Counters, keep_best: bool = True) -> list[str]:
     """Keep the newest `keep` complete checkpoints and the best; delete the rest, COMPLETE first.
 
@@ -216,7 +223,7 @@ def prune(client, spec: S3MirrorSpec, keep: int, best: str | None, policy: Retry
     protected = set(complete[-keep:]) | ({best} if best in complete else set())
     if keep_best:
         protected |= set(_best_in_s3(client, spec, complete, policy, counters))
-    pruned = []
+    pruned: list[str] = []
     for name, done in found:
         if name in protected:
             continue
@@ -231,17 +238,19 @@ def prune(client, spec: S3MirrorSpec, keep: int, best: str | None, policy: Retry
     return pruned
 
 
-def _best_in_s3(client, spec: S3MirrorSpec, complete: list[str], policy, counters) -> list[str]:
+def _best_in_s3(client: Any, spec: S3MirrorSpec, complete: list[str], policy: RetryPolicy,
+                counters: Counters) -> list[str]:
     """[the complete checkpoint with the highest BLEU in its COMPLETE marker], or []; ties go
     to the earlier step, as in CheckpointManager.best()."""
     keys = Keys(spec)
-    scored = []  # (BLEU from the marker, step name, step name)
+    scored: list[tuple[float | None, str, str]] = []  # (BLEU from the marker, step name, step name)
     for name in complete:
         key = keys.file(name, MARKER)
         try:
-            raw = with_retries(f"read {keys.url(key)}",
-                               lambda key=key: client.get_object(Bucket=spec.bucket, Key=key)["Body"].read(),
-                               policy, counters)
+            def read(key: str = key) -> bytes:
+                body: bytes = client.get_object(Bucket=spec.bucket, Key=key)["Body"].read()
+                return body
+            raw = with_retries(f"read {keys.url(key)}", read, policy, counters)
             bleu = json.loads(raw).get("bleu")
         except (MirrorError, ValueError):
             continue  # pruned meanwhile, or a marker without scores: not a candidate
@@ -251,19 +260,20 @@ def _best_in_s3(client, spec: S3MirrorSpec, complete: list[str], policy, counter
 
 
 
-def fetch_checkpoint(client, spec: S3MirrorSpec, name: str, root: Path, policy: RetryPolicy,
+def fetch_checkpoint(client: Any, spec: S3MirrorSpec, name: str, root: Path, policy: RetryPolicy,
                      counters: Counters) -> Path:
     """Download complete checkpoint `name` into root/name, verified against its manifest, atomically."""
     keys, bucket = Keys(spec), spec.bucket
 
-    def get(key):
-        return client.get_object(Bucket=bucket, Key=key)["Body"].read()
+    def get(key: str) -> bytes:
+        body: bytes = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        return body
 
     try:
         marker = json.loads(with_retries(f"read {keys.url(keys.file(name, MARKER))}",
                                          lambda: get(keys.file(name, MARKER)), policy, counters))
     except MirrorError as exc:
-        if not_found(exc.__cause__):
+        if not_found(cast(BaseException, exc.__cause__)):  # with_retries raises from the error
             raise IntegrityError(f"{keys.url(keys.step(name))} is not complete (no {MARKER})") from exc
         raise
     raw = with_retries(f"read {keys.url(keys.file(name, MANIFEST))}", lambda: get(keys.file(name, MANIFEST)),
@@ -283,11 +293,11 @@ def fetch_checkpoint(client, spec: S3MirrorSpec, name: str, root: Path, policy: 
             dest.parent.mkdir(parents=True, exist_ok=True)
             key = keys.file(name, rel)
             try:
-                with_retries(f"download {keys.url(key)}",
-                             lambda key=key, dest=dest: client.download_file(bucket, key, str(dest), Config=transfer),
-                             policy, counters)
+                def download(key: str = key, dest: Path = dest) -> None:
+                    client.download_file(bucket, key, str(dest), Config=transfer)
+                with_retries(f"download {keys.url(key)}", download, policy, counters)
             except MirrorError as exc:
-                if not_found(exc.__cause__):
+                if not_found(cast(BaseException, exc.__cause__)):  # as above
                     raise IntegrityError(f"{keys.url(key)} is in the manifest but not in S3") from exc
                 raise
             size, digest = dest.stat().st_size, sha256_file(dest)
@@ -309,7 +319,7 @@ def fetch_checkpoint(client, spec: S3MirrorSpec, name: str, root: Path, policy: 
         raise
 
 
-def fetch_newest(client, spec: S3MirrorSpec, root: Path, policy: RetryPolicy, counters: Counters) -> Path | None:
+def fetch_newest(client: Any, spec: S3MirrorSpec, root: Path, policy: RetryPolicy, counters: Counters) -> Path | None:
     """The newest complete S3 checkpoint that verifies, downloaded into `root`; None if S3 has none.
 
     A corrupt checkpoint is skipped for the one before it. S3 being unreachable is

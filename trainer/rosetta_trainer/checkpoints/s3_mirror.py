@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 from rosetta_contract.checkpoint_fields import CheckpointSpec, S3MirrorSpec
 from rosetta_trainer.checkpoints.checkpoint import (
@@ -76,7 +78,7 @@ class Mirror:
         self.counters = Counters()
         self.client = make_client(spec, policy, self.counters)
         self.uploaded: list[int] = []
-        self.failed: list[dict] = []
+        self.failed: list[dict[str, Any]] = []
         self.skipped: list[int] = []
         self.upload_seconds = 0.0
         self.upload_bytes = 0
@@ -108,7 +110,7 @@ class Mirror:
         with self._cond:
             return self._cond.wait_for(lambda: self._pending is None and not self._busy, timeout)
 
-    def finish(self, timeout: float | None = None) -> dict:
+    def finish(self, timeout: float | None = None) -> dict[str, Any]:
         """Wait for the queued upload, stop the thread; the summary of everything mirrored."""
         with self._cond:
             self._closed = True
@@ -121,7 +123,7 @@ class Mirror:
                       timeout)
         return summary
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         return {"uri": self.spec.uri, "uploaded": list(self.uploaded), "failed": list(self.failed),
                 "skipped": list(self.skipped), "last_uploaded_step": self.uploaded[-1] if self.uploaded else None,
                 "retries": self.counters.as_dict(), "upload_seconds": round(self.upload_seconds, 3),
@@ -145,7 +147,7 @@ class Mirror:
     def _mirror(self, job: _Job) -> None:
         step = _step(job.name)
         before = self.counters.as_dict()
-        record = {"step": step, "uri": f"{self.spec.uri.rstrip('/')}/{job.name}/"}
+        record: dict[str, Any] = {"step": step, "uri": f"{self.spec.uri.rstrip('/')}/{job.name}/"}
         try:
             record.update(upload_checkpoint(self.client, self.spec, job.snapshot, job.name, self.policy,
                                             self.counters))
@@ -175,7 +177,7 @@ class Mirror:
 
 
 def _step(name: str) -> int:
-    return int(STEP_DIR.match(name).group(1))
+    return int(cast("re.Match[str]", STEP_DIR.match(name)).group(1))  # step-N names only
 
 
 def _snapshot(checkpoint: Path) -> Path:
@@ -193,7 +195,8 @@ def _snapshot(checkpoint: Path) -> Path:
 
 def _best_name(root: Path) -> str | None:
     try:
-        return json.loads((root / "best.json").read_text()).get("path")
+        name: str | None = json.loads((root / "best.json").read_text()).get("path")
+        return name
     except (OSError, ValueError):
         return None
 

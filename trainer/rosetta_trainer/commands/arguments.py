@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any, Callable
 
 
-def count(minimum: int):
+def count(minimum: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         value = int(text)
         if value < minimum:
@@ -37,7 +38,7 @@ def add_generation_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-new-tokens", type=count(1), metavar="N", help="longest output in tokens")
 
 
-def generation_overrides(args) -> dict:
+def generation_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The generation flags given on the command line, as Generation fields (unset ones left out)."""
     names = ("beams", "length_penalty", "no_repeat_ngram_size", "max_length_ratio", "max_length_offset",
              "max_new_tokens")

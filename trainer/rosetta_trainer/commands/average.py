@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from rosetta_trainer.checkpoints.averaging import average_checkpoints, select
 
 
-def average_command(args) -> int:
+def average_command(args: argparse.Namespace) -> int:
     import transformers
 
     transformers.utils.logging.disable_progress_bar()  # per-file loading bars: noise in a command's output

@@ -15,7 +15,7 @@ from rosetta_trainer.commands.arguments import add_generation_arguments, count
 from rosetta_trainer.runtime.termination import write_termination_message
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("train", help="train a TranslationTraining in this process (or under torchrun)")
     add_document_arguments(p)
     p.add_argument("-o", "--output", help="output directory (default: runs/<metadata.name>)")
@@ -83,7 +83,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 # Each command's module is imported when the command runs: most load torch, which `rosetta --help`,
 # `rosetta validate` and the operator's commands (rosetta_cli) never need.
-def _cmd_train(args) -> int:
+def _cmd_train(args: argparse.Namespace) -> int:
     from rosetta_trainer.commands.train import train_from_file
 
     # A bar on a pipe (pod logs, the local runner) is a stream of carriage returns: only on a terminal.
@@ -103,43 +103,43 @@ def _cmd_train(args) -> int:
     return 0
 
 
-def _cmd_prepare(args) -> int:
+def _cmd_prepare(args: argparse.Namespace) -> int:
     from rosetta_trainer.commands.prepare import prepare_command
 
     return prepare_command(args)
 
 
-def _cmd_stage(args) -> int:
+def _cmd_stage(args: argparse.Namespace) -> int:
     from rosetta_trainer.commands.stage import stage_command
 
     return stage_command(args)
 
 
-def _cmd_evaluate(args) -> int:
+def _cmd_evaluate(args: argparse.Namespace) -> int:
     from rosetta_trainer.commands.evaluate import evaluate_command
 
     return evaluate_command(args)
 
 
-def _cmd_translate(args) -> int:
+def _cmd_translate(args: argparse.Namespace) -> int:
     from rosetta_trainer.commands.evaluate import translate_command
 
     return translate_command(args)
 
 
-def _cmd_average(args) -> int:
+def _cmd_average(args: argparse.Namespace) -> int:
     from rosetta_trainer.commands.average import average_command
 
     return average_command(args)
 
 
-def _cmd_export(args) -> int:
+def _cmd_export(args: argparse.Namespace) -> int:
     from rosetta_trainer.commands.export import export_command
 
     return export_command(args)
 
 
-def _cmd_plan(args) -> int:
+def _cmd_plan(args: argparse.Namespace) -> int:
     from rosetta_trainer.commands.plan import plan_command
 
     return plan_command(args)

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
+from typing import cast
 
 from rosetta_contract import final_result
+from rosetta_contract.config import TrainerSpec
 from rosetta_contract.languages import task_prefix
 from rosetta_contract.spec import load_for_trainer
 from rosetta_contract.strict_model import ConfigError
 from rosetta_trainer.commands.arguments import generation_overrides
+from rosetta_trainer.data.examples import target_langs
 from rosetta_trainer.data.reader import read_split
 from rosetta_trainer.evaluation.evaluate import Generation, evaluate_examples, translate
 from rosetta_trainer.evaluation.inference import (
@@ -21,16 +25,17 @@ from rosetta_trainer.evaluation.inference import (
 from rosetta_trainer.runtime.distributed import init_world, pick_device
 
 
-def evaluate_command(args) -> int:
+def evaluate_command(args: argparse.Namespace) -> int:
 
     world = init_world(getattr(args, "device", "auto"))
+    spec: TrainerSpec | None
     if args.checkpoint is None:
         # A pretrained model as it is (mode: evaluate): the YAML's model.name, hub id or path.
         if not args.file:
             raise ConfigError([("--checkpoint", "pass a checkpoint, or -f with a YAML whose model.name to evaluate")])
         spec = load_for_trainer(args.file, args.overrides).spec
         model, tokenizer = load_pretrained_for_inference(spec, world.device)
-        checkpoint = Path(spec.model.name)
+        checkpoint = Path(cast(str, spec.model.name))  # load_pretrained_for_inference refuses a spec without one
     else:
         checkpoint = Path(args.checkpoint)
         if getattr(args, "pick", None):
@@ -64,13 +69,13 @@ def evaluate_command(args) -> int:
     return 0
 
 
-def translate_command(args) -> int:
+def translate_command(args: argparse.Namespace) -> int:
     device = pick_device("auto", 0)
     model, tokenizer, spec = load_checkpoint_for_inference(args.checkpoint, device)
     lines = args.text or [line.rstrip("\n") for line in sys.stdin if line.strip()]
     if spec is not None:
-        target = args.target_lang or spec.data.target_langs[0]
-        if target not in spec.data.target_langs:
+        target = args.target_lang or target_langs(spec.data)[0]
+        if target not in target_langs(spec.data):
             raise ConfigError([("--target-lang", f"'{target}' is not one of {spec.data.target_langs}")])
         if spec.uses_task_prefix():
             lines = [task_prefix(spec.data.source_lang, target, spec.task) + line for line in lines]

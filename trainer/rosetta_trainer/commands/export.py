@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from rosetta_trainer.evaluation.ctranslate2_models import ExportError
 from rosetta_trainer.evaluation.export import export_ctranslate2
 
 
-def export_command(args) -> int:
+def export_command(args: argparse.Namespace) -> int:
     import transformers
 
     transformers.utils.logging.disable_progress_bar()  # per-file loading bars: noise in a command's output

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import BinaryIO, Mapping, Optional
+from typing import BinaryIO, Callable, Mapping, Optional
 
 from rosetta_contract.exits import MAX_TERMINATION_MESSAGE, termination_log
 from rosetta_contract.failures import (
@@ -114,7 +114,7 @@ class Launcher:
                  max_log_bytes: int = MAX_ATTEMPT_LOG_BYTES):
         self.argv, self.environ, self.out = argv, environ, out
         self.attempt, self.node_rank = _int_env(environ, ATTEMPT_ENV), _int_env(environ, NODE_RANK_ENV)
-        self.child: Optional[subprocess.Popen] = None
+        self.child: Optional[subprocess.Popen[bytes]] = None
         self._pending: list[int] = []
         self._lock = threading.Lock()  # the output's thread and the launcher's own lines
         self.log: Optional[AttemptLog] = None
@@ -258,7 +258,7 @@ class Launcher:
         upload_log(log, self.environ, attempt_log_path(self.attempt, self.node_rank), self.say)
 
 
-def _wait(child: subprocess.Popen) -> int:
+def _wait(child: subprocess.Popen[bytes]) -> int:
     """The child's exit code, 128+N for a death by signal N. As a container's PID 1, also reap
     the orphans the kernel hands us (a worker's own children, once the worker is gone)."""
     if os.getpid() != 1:
@@ -283,7 +283,7 @@ def _terminal_signals_our_group() -> bool:
     return False
 
 
-def upload_log(log: AttemptLog, environ: Mapping[str, str], key: str, say) -> None:
+def upload_log(log: AttemptLog, environ: Mapping[str, str], key: str, say: Callable[[str], None]) -> None:
     """Best effort: the log's files to spec.checkpoint.s3, at their path (`key`, and `key`.1) under the
     checkpoints' prefix. Only then is the training's document read, and boto3 imported."""
     config = environ.get(CONFIG_ENV)

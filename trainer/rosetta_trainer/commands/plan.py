@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from rosetta_trainer.planning.memory_plan import Plan, format_gib, plan_spec
 from rosetta_trainer.planning.plan_inputs import GiB, PlanSkipped
 
+if TYPE_CHECKING:
+    from rich.console import Console
 
-def render(plan: Plan, console) -> None:
+
+def render(plan: Plan, console: Console) -> None:
     """The table, the notes, the recommendation and any warning, on a rich Console."""
     from rich.table import Table
 
@@ -35,7 +40,7 @@ def render(plan: Plan, console) -> None:
         console.print(line, style="bold red", soft_wrap=True, highlight=False)
 
 
-def plan_command(args) -> int:
+def plan_command(args: argparse.Namespace) -> int:
     """`rosetta plan -f FILE [--gpu-memory 80GiB] [--json]`."""
     from rich.console import Console
 

@@ -5,10 +5,12 @@ the tokenizer, and write the prepared training data (shards.py) into the trainin
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 from pathlib import Path
 
+from rosetta_contract.config import TrainerSpec
 from rosetta_trainer.checkpoints import checkpoint as ckpt
 from rosetta_trainer.preparation.data_checks import describe
 from rosetta_trainer.preparation.prepare_data import prepare_data
@@ -18,7 +20,7 @@ from rosetta_trainer.runtime.distributed import init_world
 log = logging.getLogger(__name__)
 
 
-def prepare_command(args) -> int:
+def prepare_command(args: argparse.Namespace) -> int:
     """`rosetta prepare`: read and check the data, train or load the tokenizer as `rosetta train`
     would, and write the prepared training data under <output>/prepared/."""
     from rosetta_contract.spec import load_for_trainer
@@ -29,7 +31,7 @@ def prepare_command(args) -> int:
     return 0
 
 
-def prepare_training(spec, output: Path, workers: int | None = None) -> ShardedCorpus:
+def prepare_training(spec: TrainerSpec, output: Path, workers: int | None = None) -> ShardedCorpus:
     """What a start of `rosetta train` does before it builds the model: check the data, train or
     load the tokenizer (saved to <output>/tokenizer when trained) and write <output>/prepared/, each
     step skipped when its result is there already, as the training would find it."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from rosetta_trainer.commands.prepare import prepare_training
 from rosetta_trainer.preparation.staging import stage_all
 
 
-def stage_command(args) -> int:
+def stage_command(args: argparse.Namespace) -> int:
     """`rosetta stage`: copy the spec's model.source and data.source into place (the stage job);
     with --prepare OUTPUT, then prepare the training data as `rosetta prepare -o OUTPUT` does
     (data.prepare: BeforeTraining), from what was just copied."""

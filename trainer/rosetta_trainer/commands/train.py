@@ -17,7 +17,7 @@ import logging
 import os
 import random
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -26,13 +26,20 @@ from rosetta_contract.documents import apply_overrides, read_yaml
 from rosetta_contract.strict_model import ConfigError
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from rosetta_contract.checkpoint_fields import AverageSpec
     from rosetta_contract.spec import TranslationTraining
+    from rosetta_trainer.data.examples import Example
+    from rosetta_trainer.engine.deepspeed_backend import DeepSpeedBackend
+    from rosetta_trainer.runtime.distributed import World
+    from rosetta_trainer.telemetry.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
 
 def train_from_file(path: str, output: str | None = None, overrides: list[str] | None = None,
-                    progress: bool = True) -> dict:
+                    progress: bool = True) -> dict[str, Any]:
     from rosetta_contract.spec import parse_for_trainer
 
     raw = apply_overrides(read_yaml(path), overrides or [], str(path))
@@ -44,7 +51,7 @@ def train_from_file(path: str, output: str | None = None, overrides: list[str] |
     return train(document, out, progress=progress)
 
 
-def train(document: TranslationTraining, output: Path, progress: bool = True) -> dict:
+def train(document: TranslationTraining, output: Path, progress: bool = True) -> dict[str, Any]:
     # torch, transformers and the modules that load them are imported here, so that `rosetta --help`
     # and a document's errors (train_from_file) stay instant.
     import torch
@@ -149,9 +156,10 @@ def train(document: TranslationTraining, output: Path, progress: bool = True) ->
         import json
 
         # The config DeepSpeed actually ran with (generated + the spec's overrides).
-        (output / "deepspeed_config.json").write_text(json.dumps(trainer.backend.config, indent=2))
+        (output / "deepspeed_config.json").write_text(
+            json.dumps(cast("DeepSpeedBackend", trainer.backend).config, indent=2))
     if state is not None:
-        trainer.load_state_dict(state, resume_from)
+        trainer.load_state_dict(state, cast(Path, resume_from))  # state comes from resume_from
         if rng is not None:
             ckpt.set_rng_state(rng)
 
@@ -189,12 +197,12 @@ def train(document: TranslationTraining, output: Path, progress: bool = True) ->
         del torch
 
 
-def _export_deepspeed(summary: dict, output: Path) -> dict:
+def _export_deepspeed(summary: dict[str, Any], output: Path) -> dict[str, str]:
     """ZeRO checkpoints hold shards: gather the final and best ones into Hugging Face models
     under <output>/export/ (what `rosetta evaluate`/`translate` and from_pretrained load)."""
     from rosetta_trainer.checkpoints.deepspeed_checkpoints import export_hf  # torch, as in train()
 
-    exported = {}
+    exported: dict[str, str] = {}
     for which, key in (("final", "latest_checkpoint"), ("best", "best_checkpoint")):
         path = summary.get(key)
         if path and Path(path).is_dir():
@@ -210,12 +218,12 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _saved(state: dict, key: str, before: str):
+def _saved(state: dict[str, Any], key: str, before: str) -> Any:
     """A trainer-state value, also from a checkpoint written before `before` was renamed `key`."""
     return state[key] if key in state else state.get(before)
 
 
-def _print_result(summary: dict, summary_path) -> None:
+def _print_result(summary: dict[str, Any], summary_path: Path | None) -> None:
     from rosetta_contract.metrics import LABELS
 
     metric = LABELS[summary.get("primary_metric", "bleu")]
@@ -248,7 +256,9 @@ def _print_result(summary: dict, summary_path) -> None:
     print("\n".join(lines), flush=True)
 
 
-def average_at_end(spec, summary: dict, ckpt_root: Path, world, tokenizer, validation, test, telemetry) -> dict:
+def average_at_end(spec: TrainerSpec, summary: dict[str, Any], ckpt_root: Path, world: World,
+                   tokenizer: PreTrainedTokenizerBase, validation: list[Example], test: list[Example],
+                   telemetry: Telemetry) -> dict[str, Any]:
     """checkpoint.average after a completed run. Collective: rank 0 averages into
     <checkpoint dir>/averaged, then every rank loads it and evaluates its share of the validation
     (the same sample as during training) and test sets. Returns summary["averaged"].
@@ -263,8 +273,8 @@ def average_at_end(spec, summary: dict, ckpt_root: Path, world, tokenizer, valid
     from rosetta_trainer.models.models import load_pretrained
     from rosetta_trainer.runtime.distributed import barrier, broadcast_object
 
-    average = spec.checkpoint.average
-    result: dict = {"selection": f"{average.selection} {average.count}"}
+    average = cast("AverageSpec", spec.checkpoint.average)  # the caller averages only with one set
+    result: dict[str, Any] = {"selection": f"{average.selection} {average.count}"}
     error = None
     if world.is_main:
         try:
@@ -278,7 +288,8 @@ def average_at_end(spec, summary: dict, ckpt_root: Path, world, tokenizer, valid
         log.warning("checkpoint.average: %s; the final model stands alone", error)
         return {**result, "error": error}
     barrier(world)
-    model = load_pretrained(str(ckpt_root / AVERAGED_DIR / "model")).to(world.device)
+    # transformers types PreTrainedModel.to through a decorator that loses its signature.
+    model = load_pretrained(str(ckpt_root / AVERAGED_DIR / "model")).to(world.device)  # type: ignore[arg-type]
     ev = spec.evaluation
     for split, examples in (("validation", validation[: ev.max_samples] if ev.max_samples else validation),
                             ("test", test)):

@@ -11,14 +11,28 @@ import itertools
 import signal
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Callable, overload
+from typing import TYPE_CHECKING, Any, Callable, Protocol, cast, overload
 
 import numpy as np
 import torch
 
 from rosetta_contract.config import TrainerSpec
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 IGNORE_INDEX = -100  # labels with this value do not contribute to the loss
+
+
+class Corpus(Protocol):
+    """What batches are made from: an EncodedCorpus, or a shards.ShardedCorpus (memory-mapped)."""
+
+    @property
+    def sources(self) -> Any: ...
+    @property
+    def targets(self) -> Any: ...
+    def __len__(self) -> int: ...
+    def lengths(self) -> tuple[np.ndarray, np.ndarray]: ...
 
 
 @dataclass
@@ -36,7 +50,7 @@ class EncodedCorpus:
                 np.fromiter(map(len, self.targets), dtype=np.int64, count=len(self)))
 
 
-def encode(tokenizer, sources: list[str], targets: list[str], max_source: int, max_target: int) -> EncodedCorpus:
+def encode(tokenizer: PreTrainedTokenizerBase, sources: list[str], targets: list[str], max_source: int, max_target: int) -> EncodedCorpus:
     src = tokenizer(sources, truncation=True, max_length=max_source)["input_ids"]
     tgt = tokenizer(text_target=targets, truncation=True, max_length=max_target)["input_ids"]
     return EncodedCorpus(list(src), list(tgt))
@@ -58,7 +72,11 @@ class BatchShapes:
     buckets: tuple[int, ...] | None = None
     static_rows: bool = False
 
-    def length(self, n):
+    @overload
+    def length(self, n: int) -> int: ...
+    @overload
+    def length(self, n: np.ndarray) -> np.ndarray: ...
+    def length(self, n: int | np.ndarray) -> int | np.ndarray:
         """The padded length of a batch whose longest sentence is `n` (an int or a numpy array)."""
         if self.buckets is not None:
             buckets = np.asarray(self.buckets)
@@ -116,7 +134,8 @@ class EpochPlan(Sequence[list[int]]):
         if isinstance(i, slice):
             return EpochPlan(self.order, self.bounds, self.shuffled[i])
         batch = int(self.shuffled[i])
-        return self.order[self.bounds[batch]:self.bounds[batch + 1]].tolist()
+        indices: list[int] = self.order[self.bounds[batch]:self.bounds[batch + 1]].tolist()
+        return indices
 
     def __iter__(self) -> Iterator[list[int]]:
         return (self[i] for i in range(len(self)))
@@ -165,7 +184,7 @@ def plan_epoch(
         src_sorted, tgt_sorted = _gather_pairs(src_lengths, tgt_lengths, order)
         starts = _token_batch_starts(shapes.length(src_sorted), shapes.length(tgt_sorted), max_tokens)
     else:
-        starts = list(range(0, n, max_sentences))
+        starts = list(range(0, n, cast(int, max_sentences)))  # the check above: max_tokens is None
     bounds = np.asarray(starts + [n], dtype=np.int64)
     shuffled = rng.permutation(len(starts))
     return EpochPlan(order, bounds, shuffled[:len(shuffled) - len(shuffled) % world_size])
@@ -264,7 +283,7 @@ class Collation:
     # (source lengths, target lengths) -> training FLOPs of the pairs, or None for 0.
     flops: Callable[[np.ndarray, np.ndarray], float] | None = None
 
-    def __call__(self, corpus: EncodedCorpus, indices: list[int]) -> dict[str, torch.Tensor]:
+    def __call__(self, corpus: Corpus, indices: list[int]) -> dict[str, torch.Tensor]:
         """Pad one batch. Returns model inputs plus its counts (not model inputs): `counts` is
         (source + target tokens, target tokens, sentences, training FLOPs) of the real pairs.
         Counting here, in the loader process, keeps the per-step Python out of the training process.
@@ -287,12 +306,14 @@ class Collation:
         }
 
 
-def collate(corpus: EncodedCorpus, indices: list[int], pad_id: int, flops=None) -> dict[str, torch.Tensor]:
+def collate(corpus: Corpus, indices: list[int], pad_id: int,
+            flops: Callable[[np.ndarray, np.ndarray], float] | None = None) -> dict[str, torch.Tensor]:
     """One batch padded to its longest sentences (Collation, with nothing else set)."""
     return Collation(pad_id, flops=flops)(corpus, indices)
 
 
-def _gather(side, indices: list[int]) -> tuple[np.ndarray, np.ndarray]:
+# `side`: a list of id lists, or a shards.Ragged (which data/ may not import).
+def _gather(side: Any, indices: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """(the sequences `indices` of one side end to end as int64, their lengths)."""
     if hasattr(side, "offsets"):  # shards.Ragged: ids end to end in a memory map, read with one gather
         picked = np.asarray(indices, dtype=np.int64)
@@ -314,10 +335,10 @@ def _pad(flat: np.ndarray, lengths: np.ndarray, rows: int, width: int, fill: int
     return out, mask
 
 
-class BatchLoader(torch.utils.data.Dataset):
+class BatchLoader(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
     """One item = one collated batch; lets a DataLoader prefetch and pin memory."""
 
-    def __init__(self, corpus: EncodedCorpus, batches: Sequence[list[int]], collation: Collation):
+    def __init__(self, corpus: Corpus, batches: Sequence[list[int]], collation: Collation) -> None:
         self.corpus, self.batches, self.collation = corpus, batches, collation
 
     def __len__(self) -> int:
@@ -327,8 +348,8 @@ class BatchLoader(torch.utils.data.Dataset):
         return self.collation(self.corpus, self.batches[i])
 
 
-def iterate(corpus: EncodedCorpus, batches: Sequence[list[int]], collation: Collation, start: int = 0,
-            pin_memory: bool = False):
+def iterate(corpus: Corpus, batches: Sequence[list[int]], collation: Collation, start: int = 0,
+            pin_memory: bool = False) -> Iterator[dict[str, torch.Tensor]]:
     """Batches from position `start` on, collated (and counted, see collate) in a background worker."""
     remaining = BatchLoader(corpus, batches[start:], collation)
     if not len(remaining):

@@ -12,10 +12,18 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator, cast
 
 from rosetta_contract.data_fields import DataSource, DataSpec
-from rosetta_trainer.data.examples import DataError, Example, checked_path, file_kind, single_lang
+from rosetta_trainer.data.examples import (
+    DataError,
+    Example,
+    checked_path,
+    file_kind,
+    required,
+    single_lang,
+    target_langs,
+)
 
 BATCH_ROWS = 8192
 
@@ -26,17 +34,17 @@ def iter_parquet(src: DataSource, data: DataSpec) -> Iterator[Example]:
     a dataset's splits side by side)."""
     import pyarrow.parquet as pq  # pyarrow only when a spec has such a source (data/reader.py)
 
-    if glob.has_magic(src.path):
-        files = [Path(f) for f in sorted(glob.glob(os.path.expanduser(src.path)))]
+    if glob.has_magic(required(src.path)):
+        files = [Path(f) for f in sorted(glob.glob(os.path.expanduser(required(src.path))))]
         if not files:
             raise DataError(f"{src.path}: no file matches")
     else:
-        root = checked_path(src.path)
+        root = checked_path(required(src.path))
         files = sorted(root.rglob("*.parquet")) if root.is_dir() else [root]
         if not files:
             raise DataError(f"{src.path}: a directory with no .parquet file")
 
-    def batches() -> Iterator[tuple[str, object]]:
+    def batches() -> Iterator[tuple[str, Any]]:
         for file in files:
             _regular(file)
             try:
@@ -55,7 +63,7 @@ def iter_saved_dataset(src: DataSource, data: DataSpec) -> Iterator[Example]:
     picks one)."""
     import pyarrow as pa
 
-    root = checked_path(src.path)
+    root = checked_path(required(src.path))
     if (root / "dataset_dict.json").is_file():
         splits = _json(root / "dataset_dict.json").get("splits") or []
         if src.split not in splits:
@@ -65,12 +73,12 @@ def iter_saved_dataset(src: DataSource, data: DataSpec) -> Iterator[Example]:
     state = root / "state.json"
     if not state.is_file():
         raise DataError(f"{src.path}: not a directory that datasets' save_to_disk wrote (no state.json"
-                        f"{' or dataset_dict.json' if root == checked_path(src.path) else ''})")
+                        f"{' or dataset_dict.json' if root == checked_path(required(src.path)) else ''})")
     files = [root / entry["filename"] for entry in _json(state).get("_data_files") or []]
     if not files:
         raise DataError(f"{state}: lists no data files")
 
-    def batches() -> Iterator[tuple[str, object]]:
+    def batches() -> Iterator[tuple[str, Any]]:
         for file in files:
             _regular(file)
             try:
@@ -98,7 +106,7 @@ def _regular(path: Path) -> None:
         raise DataError(f"{path}: {file_kind(mode)}, not a regular file; data must be files")
 
 
-def _json(path: Path) -> dict:
+def _json(path: Path) -> dict[str, Any]:
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -113,7 +121,8 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _wanted(src: DataSource, fixed: str | None) -> list[str]:
-    return [src.source_column, src.target_column] + ([] if fixed else [src.lang_column])
+    # fixed is None only where langColumn is set.
+    return [src.source_column, src.target_column] + ([] if fixed else [cast(str, src.lang_column)])
 
 
 def _top_columns(src: DataSource) -> list[str]:
@@ -122,7 +131,7 @@ def _top_columns(src: DataSource) -> list[str]:
     return list(dict.fromkeys(name.split(".", 1)[0] for name in names))
 
 
-def _column(batch, name: str, where: str) -> list:
+def _column(batch: Any, name: str, where: str) -> list[Any]:
     """A column (or a struct's field, `a.b.c`) of a record batch as Python values."""
     import pyarrow as pa
 
@@ -142,11 +151,12 @@ def _column(batch, name: str, where: str) -> list:
         reached = f"{reached}.{field}"
     if not (pa.types.is_string(array.type) or pa.types.is_large_string(array.type)):
         raise DataError(f"{where}: column {name!r} is {array.type}, not text")
-    return array.to_pylist()
+    values: list[Any] = array.to_pylist()
+    return values
 
 
-def _examples(src: DataSource, data: DataSpec, batches: Iterator[tuple[str, object]]) -> Iterator[Example]:
-    fixed = None if src.lang_column and not src.target_lang else single_lang(src, data, src.path)
+def _examples(src: DataSource, data: DataSpec, batches: Iterator[tuple[str, Any]]) -> Iterator[Example]:
+    fixed = None if src.lang_column and not src.target_lang else single_lang(src, data, required(src.path))
     n = 0  # examples yielded
     rows_before: dict[str, int] = {}  # per file: rows of its earlier batches
     for where, batch in batches:
@@ -161,7 +171,7 @@ def _examples(src: DataSource, data: DataSpec, batches: Iterator[tuple[str, obje
                 side = src.source_column if source is None else src.target_column
                 raise DataError(f"{where}: row {row}: {side!r} is null, not text")
             lang = fixed or (values[2] or "").strip()
-            if lang in data.target_langs:
+            if lang in target_langs(data):
                 yield Example(source, target, lang)
                 n += 1
     if not n and not fixed:

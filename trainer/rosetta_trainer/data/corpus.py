@@ -28,6 +28,7 @@ import gzip
 import hashlib
 import random
 from pathlib import Path
+from typing import Callable
 
 from rosetta_trainer.data.number_words import (
     de_cardinal,
@@ -271,7 +272,8 @@ def _render(choice: tuple[int, ...], lang: str) -> str:
             return f"{what} el {wd + ' ' if wd else ''}{es_day(day)} de {names[2]}."
         return f"{what} le {wd + ' ' if wd else ''}{fr_day(day)} {names[3]}."
     _, template, year = choice
-    words = {"en": en_year, "de": de_year, "es": es_cardinal, "fr": fr_cardinal}[lang](year)
+    year_words: dict[str, Callable[[int], str]] = {"en": en_year, "de": de_year, "es": es_cardinal, "fr": fr_cardinal}
+    words = year_words[lang](year)
     return _YEAR_TEMPLATES[template][i].format(y=words)
 
 
@@ -288,7 +290,7 @@ def generate_pairs(target_lang: str, size: int, seed: int) -> list[tuple[str, st
         raise ValueError(f"size must be >= 0, got {size}")
     rng = random.Random(seed)
     bucket = seed % PARTITIONS
-    pairs = []
+    pairs: list[tuple[str, str]] = []
     while len(pairs) < size:
         choice = _draw(rng)
         if _partition(choice) == bucket:
@@ -352,7 +354,7 @@ def generate_articles(size: int, seed: int) -> list[tuple[str, str]]:
         raise ValueError(f"size must be >= 0, got {size}")
     rng = random.Random(seed)
     bucket = seed % PARTITIONS
-    out = []
+    out: list[tuple[str, str]] = []
     while len(out) < size:
         story = _draw_story(rng)
         if _partition(story) == bucket:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from rosetta_contract.data_fields import DataSource, DataSpec
 
@@ -36,6 +37,16 @@ def checked_path(name: str) -> Path:
     return path
 
 
+def required(value: str | None) -> str:
+    """A DataSource field its format needs: DataSource's validator refuses a spec without it."""
+    return cast(str, value)
+
+
+def target_langs(data: DataSpec) -> list[str]:
+    # DataSpec's validator fills targetLangs in (the source language when a spec leaves it out).
+    return cast("list[str]", data.target_langs)
+
+
 def file_kind(mode: int) -> str:
     for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
@@ -47,9 +58,9 @@ def file_kind(mode: int) -> str:
 def single_lang(src: DataSource, data: DataSpec, where: str) -> str:
     if src.target_lang is not None:
         return src.target_lang
-    if len(data.target_langs) == 1:
-        return data.target_langs[0]
+    if len(target_langs(data)) == 1:
+        return target_langs(data)[0]
     raise DataError(
         f"{where}: cannot tell the target language; set targetLang or langColumn "
-        f"(targetLangs has {', '.join(data.target_langs)})"
+        f"(targetLangs has {', '.join(target_langs(data))})"
     )

@@ -32,6 +32,7 @@ from __future__ import annotations
 import codecs
 import csv
 import gzip
+import io
 import json
 import os
 import stat
@@ -39,12 +40,20 @@ import zlib
 from dataclasses import replace
 from itertools import zip_longest
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Any, Generator, Iterator, Literal, cast
 
 from rosetta_contract.data_fields import DataSource, DataSpec
 from rosetta_trainer.data import corpus
 from rosetta_trainer.data.columnar import iter_parquet, iter_saved_dataset
-from rosetta_trainer.data.examples import DataError, Example, checked_path, file_kind, single_lang
+from rosetta_trainer.data.examples import (
+    DataError,
+    Example,
+    checked_path,
+    file_kind,
+    required,
+    single_lang,
+    target_langs,
+)
 
 GENDERS = ("feminine", "masculine")
 # The longest line (a sentence pair, a TSV row, a JSON object, a summarization article) read.
@@ -79,7 +88,7 @@ def iter_source(src: DataSource, data: DataSpec) -> Iterator[Example]:
 # ------------------------------------------------------------------------ helpers
 
 
-def _open_regular(path: Path):
+def _open_regular(path: Path) -> io.BufferedReader:
     """The file, opened for binary reading, or a DataError when it is not a regular file. Opened
     non-blocking and checked on the descriptor, so a FIFO can neither block the open nor be
     swapped in after a check by name."""
@@ -98,11 +107,12 @@ def _open_regular(path: Path):
     return os.fdopen(fd, "rb")
 
 
-def _raw_lines(path: Path) -> Iterator[str]:
+def _raw_lines(path: Path) -> Generator[str, None, None]:
     """Decoded lines with their terminators; errors name the file and the exact line, never its text."""
     # Binary reading splits on b"\n" only: a stray \r inside a sentence (common in crawled
     # corpora) must not split it and shift every later line of a line-aligned pair. Decoding
     # line by line is also what makes the line number of a bad byte exact.
+    f: io.BufferedIOBase
     raw_file = f = _open_regular(path)
     try:
         if path.name.endswith(".gz"):
@@ -137,7 +147,7 @@ def _raw_lines(path: Path) -> Iterator[str]:
         raw_file.close()
 
 
-def _lines(path: Path) -> Iterator[str]:
+def _lines(path: Path) -> Generator[str, None, None]:
     return (line.rstrip("\r\n") for line in _raw_lines(path))
 
 
@@ -154,15 +164,15 @@ def _quotas(limit: int | None, n: int) -> list[int | None]:
 
 
 def _source_langs(src: DataSource, data: DataSpec) -> list[str]:
-    return [src.target_lang] if src.target_lang is not None else list(data.target_langs)
+    return [src.target_lang] if src.target_lang is not None else list(target_langs(data))
 
 
 # ------------------------------------------------------------------------ readers
 
 
 def _iter_pairs(src: DataSource, data: DataSpec) -> Iterator[Example]:
-    source_path, target_path = checked_path(src.source), checked_path(src.target)
-    lang = single_lang(src, data, src.source)
+    source_path, target_path = checked_path(required(src.source)), checked_path(required(src.target))
+    lang = single_lang(src, data, required(src.source))
     sources, targets = _lines(source_path), _lines(target_path)
     n = 0  # examples yielded
     try:
@@ -185,9 +195,9 @@ def _iter_pairs(src: DataSource, data: DataSpec) -> Iterator[Example]:
 
 
 def _iter_table(src: DataSource, data: DataSpec) -> Iterator[Example]:
-    path = checked_path(src.path)
+    path = checked_path(required(src.path))
     if src.format == "tsv":
-        dialect = dict(delimiter="\t", quoting=csv.QUOTE_NONE)
+        dialect: dict[str, Any] = dict(delimiter="\t", quoting=csv.QUOTE_NONE)
     else:
         dialect = dict(delimiter=",", quotechar='"', doublequote=True, strict=True)
     lines = _raw_lines(path)
@@ -207,7 +217,7 @@ def _iter_table(src: DataSource, data: DataSpec) -> Iterator[Example]:
             )
         s_i, t_i = header.index(src.source_column), header.index(src.target_column)
         l_i = header.index(src.lang_column) if src.lang_column and not src.target_lang else None
-        fixed = None if l_i is not None else single_lang(src, data, src.path)
+        fixed = None if l_i is not None else single_lang(src, data, required(src.path))
         for row in reader:
             if src.limit is not None and n == src.limit:
                 break
@@ -215,8 +225,8 @@ def _iter_table(src: DataSource, data: DataSpec) -> Iterator[Example]:
                 continue  # a blank line, typically the last one
             if len(row) != len(header):
                 raise DataError(f"{src.path}:{reader.line_num}: {len(row)} fields, the header has {len(header)}")
-            lang = fixed or row[l_i].strip()
-            if lang in data.target_langs:
+            lang = fixed or row[cast(int, l_i)].strip()  # l_i is set where fixed is not
+            if lang in target_langs(data):
                 yield Example(row[s_i], row[t_i], lang)
                 n += 1
     except csv.Error as exc:
@@ -228,8 +238,8 @@ def _iter_table(src: DataSource, data: DataSpec) -> Iterator[Example]:
 
 
 def _iter_jsonl(src: DataSource, data: DataSpec) -> Iterator[Example]:
-    path = checked_path(src.path)
-    fixed = None if src.lang_column and not src.target_lang else single_lang(src, data, src.path)
+    path = checked_path(required(src.path))
+    fixed = None if src.lang_column and not src.target_lang else single_lang(src, data, required(src.path))
     fields = [src.source_column, src.target_column] + ([] if fixed else [src.lang_column])
     n = 0  # examples yielded
     for lineno, line in enumerate(_lines(path), 1):
@@ -255,7 +265,7 @@ def _iter_jsonl(src: DataSource, data: DataSpec) -> Iterator[Example]:
             if not isinstance(obj[name], str):
                 raise DataError(f"{src.path}:{lineno}: field {name!r} is {type(obj[name]).__name__}, not a string")
         lang = fixed or obj[src.lang_column].strip()
-        if lang in data.target_langs:
+        if lang in target_langs(data):
             yield Example(obj[src.source_column], obj[src.target_column], lang)
             n += 1
     if not n and not fixed:
@@ -271,7 +281,7 @@ def _mtgeneval_files(root: Path, split: str, lang: str) -> dict[tuple[str, str],
 
 
 def _read_mtgeneval(src: DataSource, data: DataSpec) -> list[Example]:
-    root = checked_path(src.path)
+    root = checked_path(required(src.path))
     if not root.is_dir():
         raise DataError(f"{src.path}: mtgeneval needs the MT-GenEval directory, not a file")
     if data.source_lang != "en":

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import gc
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence, cast
 
 import torch
 
@@ -23,15 +24,18 @@ from rosetta_trainer.models.losses import logit_chunks
 from rosetta_trainer.models.seq2seq_loss import Seq2SeqLoss
 from rosetta_trainer.runtime.distributed import World
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
-def autocast(precision: str, device: torch.device):
+
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
     if precision == "fp32":
         return contextlib.nullcontext()
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def compile_stats() -> dict:
+def compile_stats() -> dict[str, int]:
     """What torch.compile captured in this process: graphs (more than a handful means it kept
     recompiling) and graph breaks (each one a return to eager Python inside the model)."""
     from torch._dynamo.utils import counters
@@ -61,9 +65,10 @@ def compile_step(module: torch.nn.Module, mode: str, backend: str | None = None)
 
     backend = backend or os.environ.get(COMPILE_BACKEND_ENV) or "inductor"
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    # Compiling a module gives an OptimizedModule, a module; torch annotates it as a plain callable.
     if backend != "inductor":
-        return torch.compile(module, backend=backend)
-    return torch.compile(module, mode=None if mode == "default" else mode)
+        return cast(torch.nn.Module, torch.compile(module, backend=backend))
+    return cast(torch.nn.Module, torch.compile(module, mode=None if mode == "default" else mode))
 
 
 def mark_dynamic(*tensors: torch.Tensor) -> None:
@@ -78,14 +83,14 @@ def mark_dynamic(*tensors: torch.Tensor) -> None:
 
 
 @torch.no_grad()
-def gradient_norm(parameters: list[torch.nn.Parameter], max_norm: float | None) -> torch.Tensor:
+def gradient_norm(parameters: Sequence[torch.Tensor], max_norm: float | None) -> torch.Tensor:
     """The global gradient norm, on the device, after clipping the gradients to `max_norm` (None: no
     clipping). torch's clip_grad_norm_ in fewer launches: one multi-tensor norm, one norm of those,
     the clip divisor, one multi-tensor division (a step's tail is launch-bound on a GPU)."""
     grads = [p.grad for p in parameters if p.grad is not None]
     if not grads:
         return torch.zeros(())
-    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    total: torch.Tensor = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
     if max_norm is not None:
         # Dividing by max(norm / max_norm, 1) is clip_grad_norm_'s min(max_norm / norm, 1) scale in two
         # launches, with no epsilon: a zero norm divides by 1. Non-finite norms make a non-finite
@@ -115,10 +120,11 @@ class DDPBackend:
     name = "ddp"
     zero_stage = 0
 
-    def __init__(self, spec: TrainerSpec, world: World, model, total_steps: int):
+    def __init__(self, spec: TrainerSpec, world: World, model: PreTrainedModel, total_steps: int) -> None:
         self.spec, self.world = spec, world
         t = spec.training
-        self.module = model.to(world.device)
+        # transformers types PreTrainedModel.to through a decorator that loses its signature.
+        self.module = model.to(world.device)  # type: ignore[arg-type]
         # bf16 parameters, fp32 masters for the optimizer (master_weights.py); None: fp32 parameters.
         self.masters = MasterWeights(self.module) if t.bf16_parameters else None
         self.compiled = t.compile != "none"
@@ -127,7 +133,7 @@ class DDPBackend:
             # Compiled with dynamic shapes, the count must not follow the batch: fixed for the largest
             # batch the spec allows, in device-sized chunks (on a CPU too: inductor fuses each chunk's
             # passes, so cache-sized chunks would only multiply the matrix products).
-            rows = t.batch.tokens or t.batch.sentences * spec.data.max_target_length
+            rows = t.batch.tokens or cast(int, t.batch.sentences) * spec.data.max_target_length  # one is set
             vocab = self.module.get_output_embeddings().weight.size(0)
             chunks = logit_chunks(rows, vocab, torch.device("cuda"))
         self.criterion = Seq2SeqLoss(self.module, t.label_smoothing, chunks)
@@ -138,7 +144,8 @@ class DDPBackend:
             ids = [world.device.index] if world.device.type == "cuda" else None
             # The model's buffers (Marian's logit bias) never change: no broadcast before each forward.
             step = DDP(step, device_ids=ids, forward_sync_buffers=False)
-        self.step_module = step
+        # The criterion as the step runs it (compiled, in DDP, or neither); None once released.
+        self.step_module: Any = step
         # Evaluation and generation run the plain model, eagerly.
         self.model = self.module
         named = self.masters.named_master() if self.masters else None
@@ -153,7 +160,8 @@ class DDPBackend:
         if self.compiled:
             mark_dynamic(input_ids, attention_mask, labels)
         with autocast(self.spec.training.precision, self.world.device):
-            return self.step_module(input_ids, attention_mask, labels)
+            out: tuple[torch.Tensor, torch.Tensor] = self.step_module(input_ids, attention_mask, labels)
+            return out
 
     def backward(self, loss: torch.Tensor, accumulation: int, boundary: bool) -> None:
         # Only the last micro-batch of a window all-reduces gradients.
@@ -162,7 +170,7 @@ class DDPBackend:
         if self.scaler:
             scaled = self.scaler.scale(scaled)
         with sync:
-            scaled.backward()
+            scaled.backward()  # type: ignore[no-untyped-call]  # unannotated in torch
 
     def step(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Clip and step. Returns (gradient norm, 1 if the update was skipped else 0), on the device.
@@ -172,6 +180,7 @@ class DDPBackend:
         the step until the loop reads the flag and calls unskip_schedule.
         """
         t = self.spec.training
+        stepped: Sequence[torch.Tensor]
         if self.masters:
             stepped = self.masters.gradients_to_master()
         else:
@@ -187,7 +196,8 @@ class DDPBackend:
             skipped = self._no_skip
         else:
             skipped = non_finite(grad_norm)
-            self.optimizer.grad_scale, self.optimizer.found_inf = None, skipped
+            # The fused step reads these two, which torch's annotations of AdamW leave out.
+            self.optimizer.grad_scale, self.optimizer.found_inf = None, skipped  # type: ignore[attr-defined]
             self.optimizer.step()
         self.scheduler.step()
         if self.masters:
@@ -214,7 +224,7 @@ class DDPBackend:
         s._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     def last_lr(self) -> float:
-        return self.scheduler.get_last_lr()[0]
+        return cast(float, self.scheduler.get_last_lr()[0])  # LambdaLR's rates are floats
 
     def weights_finite(self) -> bool:
         # One host sync for the whole model, not one per tensor.
@@ -222,11 +232,11 @@ class DDPBackend:
         return bool(torch.stack([torch.isfinite(p).all() for p in weights]).all())
 
     # ------------------------------------------------------------ checkpoints
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "scaler": self.scaler.state_dict() if self.scaler else None}
 
-    def load_state_dict(self, state: dict, checkpoint: Path) -> None:
+    def load_state_dict(self, state: dict[str, Any], checkpoint: Path) -> None:
         if state.get("optimizer") is None:
             raise ValueError(f"{checkpoint} was written by the DeepSpeed backend; resume it with "
                              "spec.distributed.backend: deepspeed")
@@ -253,7 +263,7 @@ def say_float32(config_file: Path) -> None:
     """Every "dtype" of a saved transformers config (sub-configs too) set to float32."""
     import json
 
-    def widen(node):
+    def widen(node: Any) -> Any:
         if isinstance(node, dict):
             return {k: "float32" if k in ("dtype", "torch_dtype") and v == "bfloat16" else widen(v)
                     for k, v in node.items()}
@@ -262,7 +272,7 @@ def say_float32(config_file: Path) -> None:
     config_file.write_text(json.dumps(widen(json.loads(config_file.read_text())), indent=2, sort_keys=True) + "\n")
 
 
-def enable_activation_checkpointing(model) -> None:
+def enable_activation_checkpointing(model: PreTrainedModel) -> None:
     """Recompute each encoder/decoder layer in backward instead of keeping its activations.
 
     Non-reentrant checkpointing: the reentrant kind runs backward inside backward, which DDP
@@ -278,7 +288,8 @@ def enable_activation_checkpointing(model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def build_backend(spec: TrainerSpec, world: World, model, total_steps: int):
+def build_backend(spec: TrainerSpec, world: World, model: PreTrainedModel,
+                  total_steps: int) -> DDPBackend | DeepSpeedBackend:
     if spec.training.precision == "fp16" and world.device.type != "cuda":
         raise ValueError("spec.training.precision: fp16 needs a CUDA device; use bf16 or fp32 on CPU")
     if spec.training.activation_checkpointing:

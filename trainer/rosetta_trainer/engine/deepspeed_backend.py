@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
@@ -25,19 +26,22 @@ from rosetta_trainer.models.losses import label_smoothed_cross_entropy
 from rosetta_trainer.models.seq2seq_loss import IGNORE_INDEX, decoder_mask, padding_mask_4d
 from rosetta_trainer.runtime.distributed import World
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 log = logging.getLogger(__name__)
 
 
-def deepspeed_config(spec: TrainerSpec, cuda: bool) -> dict:
+def deepspeed_config(spec: TrainerSpec, cuda: bool) -> dict[str, Any]:
     t, d = spec.training, spec.distributed
-    zero: dict = {"stage": d.stage, "contiguous_gradients": True,
+    zero: dict[str, Any] = {"stage": d.stage, "contiguous_gradients": True,
                   # Overlapping reduction with backward needs CUDA streams; on CPU it only adds copies.
                   "overlap_comm": cuda}
     if d.offload.optimizer == "cpu":
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": cuda}
     if d.offload.parameters == "cpu":
         zero["offload_param"] = {"device": "cpu", "pin_memory": cuda}
-    config: dict = {
+    config: dict[str, Any] = {
         # Our batches are token budgets, not a fixed number of sentences: DeepSpeed only uses
         # this figure for its own data loader and throughput timers, neither of which runs here.
         "train_micro_batch_size_per_gpu": 1,
@@ -60,7 +64,7 @@ def deepspeed_config(spec: TrainerSpec, cuda: bool) -> dict:
 
 
 @contextlib.contextmanager
-def partitioned_loading(spec: TrainerSpec, cuda: bool):
+def partitioned_loading(spec: TrainerSpec, cuda: bool) -> Iterator[None]:
     """Under ZeRO-3, make transformers' from_pretrained partition weights as it loads them
     (deepspeed.zero.Init), so no rank ever holds the whole pretrained model.
 
@@ -85,7 +89,7 @@ def partitioned_loading(spec: TrainerSpec, cuda: bool):
 class DeepSpeedBackend:
     name = "deepspeed"
 
-    def __init__(self, spec: TrainerSpec, world: World, model, total_steps: int):
+    def __init__(self, spec: TrainerSpec, world: World, model: PreTrainedModel, total_steps: int) -> None:
         try:
             import deepspeed
         except ImportError:
@@ -159,7 +163,8 @@ class DeepSpeedBackend:
         """The engine's process groups end with DeepSpeed's own teardown."""
 
     def last_lr(self) -> float:
-        return self.scheduler.get_last_lr()[0]
+        lr: float = self.scheduler.get_last_lr()[0]
+        return lr
 
     def weights_finite(self) -> bool:
         # Skipped steps keep the weights finite; gathering ZeRO-3 shards to check would cost a
@@ -167,11 +172,11 @@ class DeepSpeedBackend:
         return True
 
     # ------------------------------------------------------------ checkpoints
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         # Optimizer, scheduler and loss-scaler states are in DeepSpeed's own files.
         return {"optimizer": None, "scheduler": None, "scaler": None, "backend": self.name}
 
-    def load_state_dict(self, state: dict, checkpoint: Path) -> None:
+    def load_state_dict(self, state: dict[str, Any], checkpoint: Path) -> None:
         if not (checkpoint / TAG).is_dir():
             raise ValueError(f"{checkpoint} was written by the DDP backend (no {TAG}/ directory); resume it "
                              "with spec.distributed.backend: ddp, or start a new output directory")

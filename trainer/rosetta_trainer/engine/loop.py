@@ -12,15 +12,17 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Generator, cast
 
 import torch
+import torch.distributed as dist
 
 from rosetta_contract.config import TrainerSpec
 from rosetta_contract.metrics import LABELS
 from rosetta_contract.strict_model import ConfigError
 from rosetta_trainer.checkpoints.checkpoint import CheckpointManager, directory_bytes
 from rosetta_trainer.data import batching
-from rosetta_trainer.data.batching import EncodedCorpus, batch_shapes
+from rosetta_trainer.data.batching import Corpus, batch_shapes
 from rosetta_trainer.data.examples import Example
 from rosetta_trainer.engine.backends import build_backend, compile_stats
 from rosetta_trainer.engine.preemption import StopRequested
@@ -37,6 +39,9 @@ from rosetta_trainer.runtime.distributed import (
 )
 from rosetta_trainer.runtime.fault_hooks import FaultHooks
 from rosetta_trainer.telemetry.telemetry import Telemetry
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +75,10 @@ class NonFiniteError(RuntimeError):
 
 
 class Trainer:
-    def __init__(self, *, spec: TrainerSpec, world: World, model, tokenizer, train_corpus: EncodedCorpus,
+    def __init__(self, *, spec: TrainerSpec, world: World, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                 train_corpus: Corpus,
                  validation: list[Example], test: list[Example], checkpoints: CheckpointManager,
-                 telemetry: Telemetry, document_yaml: str, position: Position, progress: bool):
+                 telemetry: Telemetry, document_yaml: str, position: Position, progress: bool) -> None:
         self.spec, self.world, self.tokenizer = spec, world, tokenizer
         self.corpus, self.validation, self.test = train_corpus, validation, test
         self.checkpoints, self.telemetry, self.document_yaml = checkpoints, telemetry, document_yaml
@@ -86,7 +92,9 @@ class Trainer:
         if self.batches_per_epoch == 0:
             raise ValueError("spec.training.batch: the training data gives no batch for every rank "
                              f"(world size {world.size}); add data or lower the world size")
-        self.total_steps = t.max_steps or max(1, math.ceil(t.epochs * self.batches_per_epoch / t.gradient_accumulation))
+        # TrainingSpec sets one of maxSteps and epochs.
+        self.total_steps = t.max_steps or max(1, math.ceil(cast(float, t.epochs) * self.batches_per_epoch
+                                                            / t.gradient_accumulation))
         self.backend = build_backend(spec, world, model, self.total_steps)
         self.model = self.backend.model
         self.skipped_steps: list[int] = []
@@ -106,7 +114,7 @@ class Trainer:
         self.stop = StopRequested()
         self.faults = FaultHooks.from_env(world.rank)
         self._control_group = control_group(world)
-        self._stop_vote = None
+        self._stop_vote: tuple[dist.Work, torch.Tensor] | None = None
         self.stop_checkpoint_seconds: float | None = None
         # The validation score that picks the best checkpoint: BLEU, or ROUGE-L for summarization.
         # Position's, the trainer state's and the summary's *_score fields and a checkpoint meta's
@@ -124,7 +132,7 @@ class Trainer:
                                    shapes=self.shapes)
         return batching.rank_batches(plan, self.world.rank, self.world.size)
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         p = self.pos
         return {
             **self.backend.state_dict(),
@@ -133,12 +141,12 @@ class Trainer:
             "skipped_steps": self.skipped_steps,
         }
 
-    def load_state_dict(self, state: dict, checkpoint: Path) -> None:
+    def load_state_dict(self, state: dict[str, Any], checkpoint: Path) -> None:
         self.backend.load_state_dict(state, checkpoint)
         self.skipped_steps = list(state.get("skipped_steps", []))
 
     # ------------------------------------------------------------------ loop
-    def _batches(self):
+    def _batches(self) -> Generator[tuple[int, int, dict[str, torch.Tensor]], None, None]:
         """Endless stream of (epoch, index-in-epoch, batch) from the saved position on."""
         epoch, start = self.pos.epoch, self.pos.batch
         pin = self.world.device.type == "cuda"
@@ -152,7 +160,7 @@ class Trainer:
                 yield epoch, i, batch
             epoch, start = epoch + 1, 0
 
-    def _micro_step(self, batch: dict, boundary: bool, accumulation: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _micro_step(self, batch: dict[str, torch.Tensor], boundary: bool, accumulation: int) -> tuple[torch.Tensor, torch.Tensor]:
         dev = self.world.device
         input_ids = batch["input_ids"].to(dev, non_blocking=True)
         attention = batch["attention_mask"].to(dev, non_blocking=True)
@@ -161,7 +169,7 @@ class Trainer:
         self.backend.backward(loss, accumulation, boundary)
         return loss.detach(), n_tokens
 
-    def run(self) -> dict:
+    def run(self) -> dict[str, Any]:
         t, world, pos = self.spec.training, self.world, self.pos
         accum = t.gradient_accumulation
         self.stop.install()
@@ -174,7 +182,7 @@ class Trainer:
         run_start = time.perf_counter()
         totals = {"tokens": 0.0, "seconds": 0.0}
         grad_norm = torch.zeros((), device=world.device)
-        last_record: dict = {}
+        last_record: dict[str, Any] = {}
         bar = self._progress_bar()
         self.model.train()
         stopped_early = False
@@ -220,8 +228,8 @@ class Trainer:
                 if stop_now:
                     stopped_early = True
                     # Every rank reports its own signal (maybe only one got it); the summary the slowest.
-                    waited = all_gather_objects(world, self.stop.checkpoint_written(pos.step))
-                    self.stop_checkpoint_seconds = max((w for w in waited if w is not None), default=None)
+                    written = all_gather_objects(world, self.stop.checkpoint_written(pos.step))
+                    self.stop_checkpoint_seconds = max((w for w in written if w is not None), default=None)
                     break
                 self.faults.after_step(pos.step)
         finally:
@@ -284,7 +292,8 @@ class Trainer:
             self._stop_vote = (all_reduce_sum_async(self.world, flag, self._control_group), flag)
         return agreed
 
-    def _log(self, window, loss_window, grad_norm, seconds, totals) -> dict:
+    def _log(self, window: torch.Tensor, loss_window: torch.Tensor, grad_norm: torch.Tensor, seconds: float,
+             totals: dict[str, float]) -> dict[str, Any]:
         world, pos = self.world, self.pos
         w = window.clone()
         w[Stat.LOSS] = float(loss_window.item())
@@ -340,7 +349,7 @@ class Trainer:
         mine[world.rank] = float(torch.cuda.max_memory_allocated(world.device))
         return [float(x) for x in all_reduce_sum(world, mine).cpu()]
 
-    def _evaluate(self, split: str, examples: list[Example]) -> dict:
+    def _evaluate(self, split: str, examples: list[Example]) -> dict[str, Any]:
         # A beat per batch: an evaluation of any length is progress, only a stuck batch is a stall.
         with self.telemetry.phase("evaluate"):
             scores, _ = evaluate_examples(self.model, self.tokenizer, examples, self.spec, self.world,
@@ -382,7 +391,8 @@ class Trainer:
                                           size_bytes=directory_bytes(path))
         return path
 
-    def _finish(self, last: dict, totals: dict, wall: float, stopped_early: bool) -> dict:
+    def _finish(self, last: dict[str, Any], totals: dict[str, float], wall: float,
+                stopped_early: bool) -> dict[str, Any]:
         pos = self.pos
         metric = self.metric
         final_val = test = None
@@ -423,7 +433,7 @@ class Trainer:
             "best_checkpoint": str(best) if best else None,
         }
 
-    def _progress_bar(self):
+    def _progress_bar(self) -> Any:  # a tqdm bar, or None
         if not (self.progress and self.world.is_main):
             return None
         from tqdm.auto import tqdm

@@ -13,30 +13,32 @@ the weights the optimizer has.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 
 class MasterWeights:
     """fp32 copies of a module's trainable parameters, which are then made bf16 in place."""
 
-    def __init__(self, module: torch.nn.Module):
+    def __init__(self, module: torch.nn.Module) -> None:
         self.names = [name for name, p in module.named_parameters() if p.requires_grad]
-        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.params: list[torch.Tensor] = [p for p in module.parameters() if p.requires_grad]
         # Made before the cast: the masters start from the exact fp32 values (pretrained or fresh).
-        self.master = [torch.nn.Parameter(p.detach().float().clone()) for p in self.params]
+        self.master: list[torch.Tensor] = [torch.nn.Parameter(p.detach().float().clone()) for p in self.params]
         self._by_param = {id(p): m for p, m in zip(self.params, self.master)}
         # The whole module, buffers and fixed tables included, as DeepSpeed's bf16 mode casts it: its
         # forward then sees one dtype, also outside autocast (evaluation, generation).
         module.to(torch.bfloat16)
 
-    def named_master(self) -> list[tuple[str, torch.nn.Parameter]]:
+    def named_master(self) -> list[tuple[str, torch.Tensor]]:
         return list(zip(self.names, self.master))
 
-    def gradients_to_master(self) -> list[torch.nn.Parameter]:
+    def gradients_to_master(self) -> list[torch.Tensor]:
         """Copy the bf16 gradients into the masters' fp32 ones, in one multi-tensor copy; a master whose
         parameter got no gradient gets none (the optimizer then leaves it alone). The masters that
         have one."""
-        pairs = []
+        pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
         for m, p in zip(self.master, self.params):
             if p.grad is None:
                 m.grad = None
@@ -45,7 +47,8 @@ class MasterWeights:
                 m.grad = torch.empty_like(m)
             pairs.append((m, p.grad))
         if pairs:
-            torch._foreach_copy_([m.grad for m, _ in pairs], [g for _, g in pairs])
+            # Each master of `pairs` was given a gradient just above.
+            torch._foreach_copy_(cast("list[torch.Tensor]", [m.grad for m, _ in pairs]), [g for _, g in pairs])
         return [m for m, _ in pairs]
 
     def master_to_parameters(self) -> None:
@@ -55,7 +58,8 @@ class MasterWeights:
     def state_dict_of(self, module: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The module's state dict in fp32: each trainable parameter's master in its place, the rest
         (fixed tables, buffers) widened back. Tied parameters stay one tensor."""
-        state, widened = {}, {}
+        state: dict[str, torch.Tensor] = {}
+        widened: dict[int, torch.Tensor] = {}
         for name, tensor in module.state_dict(keep_vars=True).items():
             master = self._by_param.get(id(tensor))
             if master is not None:

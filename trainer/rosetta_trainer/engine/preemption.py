@@ -15,7 +15,8 @@ import math
 import os
 import signal
 import time
-from typing import Callable, Optional
+from types import FrameType
+from typing import Any, Callable, Mapping, Optional
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +25,7 @@ GRACE_ENV = "ROSETTA_GRACE_PERIOD_S"
 WARN_FRACTION = 0.8
 
 
-def grace_period_from_env(environ=os.environ) -> Optional[float]:
+def grace_period_from_env(environ: Mapping[str, str] = os.environ) -> Optional[float]:
     """Seconds between SIGTERM and SIGKILL, as the pod says; None when not under a launcher that sets it."""
     raw = environ.get(GRACE_ENV)
     if raw is None or raw.strip() == "":
@@ -47,7 +48,7 @@ class StopRequested:
         self.signal_name: Optional[str] = None
         self.signalled_at: Optional[float] = None  # clock() at the first signal
         self._clock = clock
-        self._previous = {}
+        self._previous: dict[int, Any] = {}  # signal.signal's answer: a handler, SIG_DFL or None
 
     def install(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -56,7 +57,7 @@ class StopRequested:
             except ValueError:  # not the main thread (e.g. called from a test harness thread)
                 pass
 
-    def _handle(self, signum, _frame) -> None:
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
         if self.signalled_at is None:  # the grace period runs from the first one
             self.signalled_at = self._clock()
             self.signal_name = signal.Signals(signum).name

@@ -9,6 +9,7 @@ step. On a CPU the work is synchronous and the host clock is the truth.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
@@ -18,16 +19,17 @@ PHASES = ("compute", "optimizer")
 class StepClock:
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
-        self._spans: list[tuple[str, object, object]] = []
+        # (phase, start mark, end mark); marks are CUDA events on a GPU, perf_counter() on a CPU.
+        self._spans: list[tuple[str, Any, Any]] = []
 
-    def mark(self):
+    def mark(self) -> torch.cuda.Event | float:
         if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
+            event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]  # unannotated in torch
             event.record()
             return event
         return time.perf_counter()
 
-    def add(self, phase: str, started) -> None:
+    def add(self, phase: str, started: torch.cuda.Event | float) -> None:
         """`phase` ran from `started` (a mark) until now."""
         self._spans.append((phase, started, self.mark()))
 

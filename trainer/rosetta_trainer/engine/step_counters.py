@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
+from torch.autograd.profiler_util import FunctionEvent
 
 # Operators that read device memory into the host, or whose output shape depends on the data.
 SYNC_OPS = frozenset({
@@ -60,7 +61,7 @@ class StepCounts:
     # "where: operator" -> count over all profiled steps: the first place to look when syncs > 0.
     sync_sites: dict[str, int] = field(default_factory=dict)
 
-    def row(self) -> dict:
+    def row(self) -> dict[str, float]:
         return {"ops": round(self.ops, 1), "kernels": round(self.kernels, 1), "syncs": round(self.syncs, 2)}
 
 
@@ -87,7 +88,7 @@ def count_step(step: Callable[[], object], steps: int = 1, where: bool = False) 
     return counts_of(prof.events(), steps, cuda=torch.cuda.is_available())
 
 
-def counts_of(events, steps: int = 1, cuda: bool = False) -> StepCounts:
+def counts_of(events: Iterable[FunctionEvent], steps: int = 1, cuda: bool = False) -> StepCounts:
     ops = kernels = syncs = 0
     sites: collections.Counter[str] = collections.Counter()
     for event in events:
@@ -109,13 +110,13 @@ def counts_of(events, steps: int = 1, cuda: bool = False) -> StepCounts:
     return StepCounts(ops / steps, kernels / steps, syncs / steps, dict(sites))
 
 
-def _computes_itself(event) -> bool:
+def _computes_itself(event: FunctionEvent) -> bool:
     """An operator is a kernel when no operator under it computes: a leaf, or one whose children only
     describe memory (aten::mm calls aten::resolve_conj before its matrix product, say)."""
     return all(child.name in NO_KERNEL or not child.name.startswith("aten::") for child in event.cpu_children)
 
 
-def _inside(event, names: frozenset[str] | tuple[()], prefixes: tuple[str, ...] = ()) -> bool:
+def _inside(event: FunctionEvent, names: frozenset[str] | tuple[()], prefixes: tuple[str, ...] = ()) -> bool:
     parent = event.cpu_parent
     while parent is not None:
         if parent.name in names or (prefixes and parent.name.startswith(prefixes)):
@@ -124,13 +125,13 @@ def _inside(event, names: frozenset[str] | tuple[()], prefixes: tuple[str, ...] 
     return False
 
 
-def _caller(event) -> str:
+def _caller(event: FunctionEvent) -> str:
     """The innermost Python frame outside torch that the event ran under ("file.py(line): function";
     with stacks recorded, the profiler keeps Python calls as the operators' parents), or "?"."""
-    event = event.cpu_parent
-    while event is not None:
-        name = event.name
+    parent = event.cpu_parent
+    while parent is not None:
+        name: str = parent.name
         if ".py(" in name and "torch/" not in name and "step_counters.py" not in name:
             return name
-        event = event.cpu_parent
+        parent = parent.cpu_parent
     return "?"

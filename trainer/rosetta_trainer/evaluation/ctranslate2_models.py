@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
+from rosetta_contract.config import TrainerSpec
 from rosetta_contract.spec import load_saved
 from rosetta_trainer.models.tokenization import load_tokenizer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from rosetta_trainer.evaluation.evaluate import Generation
 
 EXPORT_FILE = "export.json"
 
@@ -15,7 +22,8 @@ class ExportError(ValueError):
     """The model cannot be exported in this format; one line."""
 
 
-def import_ctranslate2():
+# ctranslate2 ships no annotations.
+def import_ctranslate2() -> Any:
     try:
         import ctranslate2
         import ctranslate2.converters
@@ -30,7 +38,7 @@ def is_ctranslate2_dir(path: Path) -> bool:
     if not (path / EXPORT_FILE).is_file():
         return False
     try:
-        return json.loads((path / EXPORT_FILE).read_text()).get("format") == "ctranslate2"
+        return bool(json.loads((path / EXPORT_FILE).read_text()).get("format") == "ctranslate2")
     except ValueError:
         return False
 
@@ -45,7 +53,8 @@ class CTranslate2Model:
 
     is_ctranslate2 = True
 
-    def __init__(self, path: Path | str, device: str = "auto", compute_type: str = "default", device_index: int = 0):
+    def __init__(self, path: Path | str, device: str = "auto", compute_type: str = "default",
+                 device_index: int = 0) -> None:
         ctranslate2 = import_ctranslate2()
         path = Path(path)
         if device == "auto":
@@ -56,7 +65,7 @@ class CTranslate2Model:
                                                  compute_type=compute_type)
         self.tokenizer = load_tokenizer(str(path))
 
-    def translate(self, sources: list[str], *, generation, batch_sentences: int = 32,
+    def translate(self, sources: list[str], *, generation: Generation, batch_sentences: int = 32,
                   max_source_length: int = 512) -> list[str]:
         order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
         out = [""] * len(sources)
@@ -75,14 +84,15 @@ class CTranslate2Model:
             )
             for i, result in zip(idx, results):
                 hypothesis = self.tokenizer.convert_tokens_to_ids(result.hypotheses[0])
-                out[i] = self.tokenizer.decode(hypothesis, skip_special_tokens=True).strip()
+                out[i] = cast(str, self.tokenizer.decode(hypothesis, skip_special_tokens=True)).strip()  # one sequence
         return out
 
 
-def load_ctranslate2(path: Path, device: str = "auto", device_index: int = 0):
+def load_ctranslate2(path: Path, device: str = "auto",
+                     device_index: int = 0) -> tuple[CTranslate2Model, PreTrainedTokenizerBase, TrainerSpec | None]:
     """(model, tokenizer, spec) of a CTranslate2 export, as load_checkpoint_for_inference returns."""
     model = CTranslate2Model(path, device, device_index=device_index)
-    spec = None
+    spec: TrainerSpec | None = None
     if (Path(path) / "training.yaml").is_file():
         spec = load_saved(Path(path) / "training.yaml").spec
     return model, model.tokenizer, spec

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass, fields, replace
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
 import torch
 
@@ -23,6 +23,13 @@ from rosetta_trainer.data.examples import Example
 from rosetta_trainer.evaluation.scoring import corpus_scores, gender_scores, rouge_scores
 from rosetta_trainer.models.losses import label_smoothed_cross_entropy
 from rosetta_trainer.runtime.distributed import World, all_gather_objects, all_reduce_sum
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+# A Hugging Face model, bare or wrapped (DDP, a DeepSpeed engine, torch.compile), or a
+# CTranslate2Model: the functions below tell them apart by their attributes.
+Model = Any
 
 
 @dataclass(frozen=True)
@@ -37,7 +44,7 @@ class Generation:
     no_repeat_ngram_size: int = 0
 
     @classmethod
-    def from_spec(cls, evaluation: EvaluationSpec | None, overrides: dict | None = None) -> "Generation":
+    def from_spec(cls, evaluation: EvaluationSpec | None, overrides: dict[str, Any] | None = None) -> "Generation":
         """The spec's settings (without a spec, the defaults), then `overrides` (command-line flags)."""
         base = cls() if evaluation is None else cls(**{f.name: getattr(evaluation, f.name) for f in fields(cls)})
         return replace(base, **(overrides or {}))
@@ -52,9 +59,9 @@ class Generation:
             return self.max_new_tokens
         return max(1, min(self.max_new_tokens, int(self.max_length_ratio * source_tokens) + self.max_length_offset))
 
-    def search_kwargs(self) -> dict:
+    def search_kwargs(self) -> dict[str, Any]:
         """generate() arguments besides the length; the beam-only ones only with beams."""
-        kwargs = {"num_beams": self.beams, "do_sample": False}
+        kwargs: dict[str, Any] = {"num_beams": self.beams, "do_sample": False}
         if self.beams > 1:
             kwargs.update(early_stopping=True, length_penalty=self.length_penalty)
         if self.no_repeat_ngram_size:
@@ -63,7 +70,7 @@ class Generation:
 
 
 @torch.no_grad()
-def translate(model, tokenizer, sources: list[str], *, generation: Generation, batch_sentences: int,
+def translate(model: Model, tokenizer: PreTrainedTokenizerBase, sources: list[str], *, generation: Generation, batch_sentences: int,
               device: torch.device, max_source_length: int = 512, synced: bool = False,
               on_batch: Callable[[], None] | None = None) -> list[str]:
     """Translate in length-sorted batches (less padding), returned in input order.
@@ -75,8 +82,9 @@ def translate(model, tokenizer, sources: list[str], *, generation: Generation, b
     `on_batch` is called after each batch (the trainer's heartbeat).
     """
     if getattr(model, "is_ctranslate2", False):
-        return model.translate(sources, generation=generation, batch_sentences=batch_sentences,
-                               max_source_length=max_source_length)
+        translated: list[str] = model.translate(sources, generation=generation, batch_sentences=batch_sentences,
+                                                max_source_length=max_source_length)
+        return translated
     model = getattr(model, "module", model)
     was_training = model.training
     model.eval()
@@ -98,7 +106,7 @@ def translate(model, tokenizer, sources: list[str], *, generation: Generation, b
     return out
 
 
-def _growing_cache(model) -> dict:
+def _growing_cache(model: Model) -> dict[str, Any]:
     """generate() sizes its cache by config.num_hidden_layers, which T5Config takes from the encoder's
     depth: a T5 with more decoder than encoder layers then indexes past the cache's last layer. A
     cache that adds layers as they come fits any depth (a new one per call)."""
@@ -126,12 +134,12 @@ def primary_metric(spec: TrainerSpec) -> str:
     return "rougeL" if "rougeL" in metrics else next((m for m in metrics if m != "gender"), "rougeL")
 
 
-def score(examples: list[Example], hypotheses: list[str], metrics: list[str]) -> dict:
+def score(examples: list[Example], hypotheses: list[str], metrics: Sequence[str]) -> dict[str, Any]:
     """Scores per target language; the top-level figures are the mean over languages."""
     by_lang: dict[str, list[int]] = defaultdict(list)
     for i, e in enumerate(examples):
         by_lang[e.target_lang].append(i)
-    result: dict = {"samples": len(examples), "langs": {}}
+    result: dict[str, Any] = {"samples": len(examples), "langs": {}}
     for lang, idx in sorted(by_lang.items()):
         hyps = [hypotheses[i] for i in idx]
         refs = [examples[i].target for i in idx]
@@ -161,9 +169,9 @@ def score(examples: list[Example], hypotheses: list[str], metrics: list[str]) ->
     return result
 
 
-def evaluate_examples(model, tokenizer, examples: list[Example], spec: TrainerSpec, world: World,
+def evaluate_examples(model: Model, tokenizer: PreTrainedTokenizerBase, examples: list[Example], spec: TrainerSpec, world: World,
                       generation: Generation | None = None,
-                      on_batch: Callable[[], None] | None = None) -> tuple[dict, list[str]]:
+                      on_batch: Callable[[], None] | None = None) -> tuple[dict[str, Any], list[str]]:
     """Collective when distributed: every rank translates examples[rank::size]. `generation`:
     default spec.evaluation's settings; `on_batch`: called after each batch translated."""
     ev = spec.evaluation
@@ -186,13 +194,13 @@ def evaluate_examples(model, tokenizer, examples: list[Example], spec: TrainerSp
     for shard in all_gather_objects(world, list(zip(mine, hyps_mine))):
         for i, h in shard:
             hypotheses[i] = h
-    scores = score(examples, hypotheses, ev.metrics)
+    scores = score(examples, hypotheses, cast("list[str]", ev.metrics))  # filled in by EvaluationSpec
     scores["seconds"] = round(time.perf_counter() - started, 3)
     return scores, hypotheses
 
 
 @torch.no_grad()
-def validation_loss(model, tokenizer, examples: list[Example], spec: TrainerSpec, world: World,
+def validation_loss(model: Model, tokenizer: PreTrainedTokenizerBase, examples: list[Example], spec: TrainerSpec, world: World,
                     on_batch: Callable[[], None] | None = None) -> float | None:
     """The training criterion (label-smoothed cross-entropy per target token) on `examples`,
     teacher-forced: the figure to set beside the training loss to see overfitting.
@@ -208,7 +216,7 @@ def validation_loss(model, tokenizer, examples: list[Example], spec: TrainerSpec
     share = -(-len(examples) // world.size)
     corpus = encode(tokenizer, [inputs[i] for i in mine], [examples[i].target for i in mine],
                     d.max_source_length, d.max_target_length) if mine else None
-    module = getattr(model, "module", model)  # DDP, a DeepSpeed engine
+    module: Any = getattr(model, "module", model)  # DDP, a DeepSpeed engine
     # torch.compile: evaluate eagerly, as generate() does; the compiled forward would recompile
     # for evaluation's shapes and modes.
     module = getattr(module, "_orig_mod", module)
@@ -240,7 +248,7 @@ def validation_loss(model, tokenizer, examples: list[Example], spec: TrainerSpec
     return float(totals[0] / totals[1]) if float(totals[1]) > 0 else None
 
 
-def sharded_parameters(model) -> bool:
+def sharded_parameters(model: Model) -> bool:
     """True for a DeepSpeed engine under ZeRO-3 (each rank holds only a slice of every weight)."""
     stage = getattr(model, "zero_optimization_stage", None)
     return callable(stage) and stage() == 3

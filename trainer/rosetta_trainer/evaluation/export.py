@@ -30,6 +30,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rosetta_trainer.evaluation.ctranslate2_models import (
     EXPORT_FILE,
@@ -39,17 +40,21 @@ from rosetta_trainer.evaluation.ctranslate2_models import (
 )
 from rosetta_trainer.evaluation.inference import load_checkpoint_for_inference
 
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+
 FORMATS = ("ctranslate2", "onnx")
 
 
-def _loader(config):
+# ctranslate2 ships no annotations: its loaders, specs and converters are Any here.
+def _loader(config: PretrainedConfig) -> Any:
     """A CTranslate2 model loader (model, tokenizer) -> spec for this transformers config."""
     ctranslate2 = import_ctranslate2()
     from ctranslate2.converters import transformers as ct2
 
     if config.model_type in ("t5", "mt5"):
-        class T5(ct2.T5Loader):
-            def get_model_spec(self, model):
+        class T5(ct2.T5Loader):  # type: ignore[misc]
+            def get_model_spec(self, model: PreTrainedModel) -> Any:
                 spec = super().get_model_spec(model)
                 scale = getattr(model.config, "scale_decoder_outputs", None)
                 if scale is not None:
@@ -64,25 +69,25 @@ def _loader(config):
             raise ExportError("a Marian model with separate source and target vocabularies cannot be "
                               "exported (one shared vocabulary is what Rosetta trains)")
 
-        class Marian(ct2.BartLoader):
+        class Marian(ct2.BartLoader):  # type: ignore[misc]
             @property
-            def architecture_name(self):
+            def architecture_name(self) -> str:
                 return "MarianMTModel"
 
-            def get_model_spec(self, model):
+            def get_model_spec(self, model: PreTrainedModel) -> Any:
                 # Post-norm, no layer norm on the embeddings (BartLoader reads these two).
                 model.config.normalize_before = False
                 model.config.normalize_embedding = False
                 return super().get_model_spec(model)
 
-            def set_config(self, config, model, tokenizer):
+            def set_config(self, config: Any, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
                 config.bos_token = tokenizer.pad_token
                 config.eos_token = tokenizer.eos_token
                 config.unk_token = tokenizer.unk_token
                 config.decoder_start_token = tokenizer.convert_ids_to_tokens(model.config.decoder_start_token_id)
 
-            def get_vocabulary(self, model, tokenizer):
-                tokens = super().get_vocabulary(model, tokenizer)
+            def get_vocabulary(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[str]:
+                tokens: list[str] = super().get_vocabulary(model, tokenizer)
                 # Rows of the embedding no token maps to (a vocabulary rounded up): unreachable names.
                 return tokens + [f"<unused_{i}>" for i in range(model.config.vocab_size - len(tokens))]
 
@@ -107,8 +112,9 @@ def export_ctranslate2(checkpoint: Path, out: Path, quantization: str | None = N
     model = model.float().eval()  # the converter stores what it is given; quantization is its own step
     loader = _loader(model.config)
 
-    class Loaded(ctranslate2.converters.Converter):
-        def _load(self):
+    # A module attribute read at run time (ctranslate2 ships no annotations), not a type mypy can see.
+    class Loaded(ctranslate2.converters.Converter):  # type: ignore[misc, name-defined]
+        def _load(self) -> Any:
             with torch.no_grad():
                 return loader(model, tokenizer)
 

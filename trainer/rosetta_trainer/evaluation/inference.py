@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -18,8 +19,13 @@ from rosetta_trainer.evaluation.ctranslate2_models import is_ctranslate2_dir, lo
 from rosetta_trainer.models.models import load_pretrained
 from rosetta_trainer.models.tokenization import load_tokenizer
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-def load_checkpoint_for_inference(path: str | Path, device: torch.device):
+
+# The model: a Hugging Face model, or a CTranslate2Model that translate() drives alike.
+def load_checkpoint_for_inference(path: str | Path,
+                                  device: torch.device) -> tuple[Any, PreTrainedTokenizerBase, TrainerSpec | None]:
     """(model, tokenizer, spec) from a checkpoint, averaged or exported model directory; a CTranslate2
     export gives an export.CTranslate2Model, which translate() drives the same way."""
     path = Path(path)
@@ -29,21 +35,23 @@ def load_checkpoint_for_inference(path: str | Path, device: torch.device):
     tok_dir = path / "tokenizer" if (path / "tokenizer").is_dir() else model_dir
     if not (model_dir / "config.json").is_file():
         raise ConfigError([("--checkpoint", f"{path} holds no model (no config.json in {model_dir})")])
-    spec = None
+    spec: TrainerSpec | None = None
     if (path / "training.yaml").is_file():
         spec = load_saved(path / "training.yaml").spec
     if is_deepspeed_checkpoint(path):  # ZeRO shards: gather them (an export does this once, ahead)
-        model = consolidated_model(path).to(device)
+        model = consolidated_model(path).to(device)  # type: ignore[arg-type]  # as below
     else:
-        model = load_pretrained(str(model_dir)).to(device)
+        # transformers types PreTrainedModel.to through a decorator that loses its signature.
+        model = load_pretrained(str(model_dir)).to(device)  # type: ignore[arg-type]
     return model, load_tokenizer(str(tok_dir)), spec
 
 
-def load_pretrained_for_inference(spec: TrainerSpec, device: torch.device):
+def load_pretrained_for_inference(spec: TrainerSpec,
+                                  device: torch.device) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """(model, tokenizer) of spec.model.name: a hub id, or a directory saved with save_pretrained."""
     if spec.model.name is None:
         raise ConfigError([("spec.model.name", "evaluating without --checkpoint needs a pretrained model.name")])
-    model = load_pretrained(spec.model.name).to(device)
+    model = load_pretrained(spec.model.name).to(device)  # type: ignore[arg-type]  # as above
     return model, load_tokenizer(spec.tokenizer.path or spec.model.name)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import unicodedata
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import regex  # sacreBLEU's own dependency; unlike re it has \p{M}
 from rouge_score import rouge_scorer, tokenizers
@@ -38,7 +38,8 @@ def _tokenizer_available(name: str) -> bool:
 
 def base_language(lang: str) -> str:
     """'pt-BR', 'zh_Hant' -> 'pt', 'zh'."""
-    return regex.split(r"[-_]", lang or "", maxsplit=1)[0].lower()
+    base: str = regex.split(r"[-_]", lang or "", maxsplit=1)[0].lower()
+    return base
 
 
 def bleu_tokenizer(target_lang: str) -> str:
@@ -61,7 +62,7 @@ def bleu_tokenizer(target_lang: str) -> str:
     return "13a"
 
 
-def _check_parallel(**lists: Sequence) -> int:
+def _check_parallel(**lists: Sequence[object]) -> int:
     lengths = {name: len(values) for name, values in lists.items()}
     if len(set(lengths.values())) > 1:
         raise ValueError(f"lists must have equal lengths, got {lengths}")
@@ -73,7 +74,7 @@ def corpus_scores(
     references: Sequence[str],
     target_lang: str,
     metrics: Iterable[str] = METRICS,
-) -> dict:
+) -> dict[str, Any]:
     """Corpus BLEU and chrF (one reference per hypothesis) with their signatures.
 
     Returns e.g. {"bleu": 27.3, "bleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|...",
@@ -87,7 +88,7 @@ def corpus_scores(
     unknown = sorted(set(wanted) - set(METRICS))
     if unknown:
         raise ValueError(f"unknown metrics {unknown}; known: {list(METRICS)} (and 'gender')")
-    out: dict = {"n": n}
+    out: dict[str, Any] = {"n": n}
     hyps, refs = list(hypotheses), [list(references)]
     for name in wanted:
         metric = BLEU(tokenize=bleu_tokenizer(target_lang)) if name == "bleu" else CHRF()
@@ -103,7 +104,7 @@ _SPACELESS = r"\p{Han}\p{Hiragana}\p{Katakana}"
 _ROUGE_TOKEN = regex.compile(rf"[{_SPACELESS}]|(?:(?![{_SPACELESS}])[\p{{L}}\p{{M}}\p{{N}}])+")
 
 
-class UnicodeTokenizer(tokenizers.Tokenizer):
+class UnicodeTokenizer(tokenizers.Tokenizer):  # type: ignore[misc]  # rouge-score ships no annotations
     """Lowercased runs of Unicode letters, marks and digits; Chinese and Japanese per character.
 
     rouge-score's default tokenizer keeps only [a-z0-9]: "Müller" becomes "m", "ller" and a
@@ -113,7 +114,8 @@ class UnicodeTokenizer(tokenizers.Tokenizer):
     """
 
     def tokenize(self, text: str) -> list[str]:
-        return _ROUGE_TOKEN.findall(unicodedata.normalize("NFC", text).lower())
+        tokens: list[str] = _ROUGE_TOKEN.findall(unicodedata.normalize("NFC", text).lower())
+        return tokens
 
 
 @functools.lru_cache(maxsize=None)
@@ -128,7 +130,7 @@ def rouge_scores(
     references: Sequence[str],
     metrics: Iterable[str] = ("rouge1", "rouge2", "rougeL"),
     lang: str = "en",
-) -> dict:
+) -> dict[str, Any]:
     """Corpus ROUGE with Google's rouge-score: the mean over examples of each pair's F1, x100.
 
     English uses rouge-score's own tokenizer and Porter stemmer, the setting behind published
@@ -146,7 +148,7 @@ def rouge_scores(
     if unknown:
         raise ValueError(f"unknown ROUGE metrics {unknown}; known: {list(ROUGE_METRICS)}")
     english = base_language(lang) == "en"
-    out: dict = {"n": n, **{name: None for name in wanted}}
+    out: dict[str, Any] = {"n": n, **{name: None for name in wanted}}
     if n and wanted:
         scorer = _rouge_scorer(wanted, english)
         totals = dict.fromkeys(wanted, 0.0)
@@ -202,7 +204,7 @@ def _percent(part: int, whole: int) -> float | None:
     return 100.0 * part / whole if whole else None
 
 
-def _gap(scores: dict, metric: str) -> float | None:
+def _gap(scores: dict[str, Any], metric: str) -> float | None:
     fem, masc = scores[f"{metric}_feminine"], scores[f"{metric}_masculine"]
     return None if fem is None or masc is None else masc - fem
 
@@ -213,7 +215,7 @@ def gender_scores(
     genders: Sequence[str | None],
     counterfactuals: Sequence[str | None],
     target_lang: str,
-) -> dict:
+) -> dict[str, Any]:
     """MT-GenEval metrics (Currey et al., EMNLP 2022) for counterfactual pairs.
 
     For pair i, `references[i]` is the reference in the gender `genders[i]`
@@ -238,7 +240,7 @@ def gender_scores(
             raise ValueError(f"a {gender} item has no counterfactual reference: {ref!r}")
         groups[_normalise_gender(gender)].append((hyp, ref, cf))
 
-    out: dict = {}
+    out: dict[str, Any] = {}
     signature = None
     for gender, items in groups.items():
         hyps = [h for h, _, _ in items]

@@ -15,6 +15,8 @@ the rows are processed in chunks that stay in cache.
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 
 # Rows per chunk on the CPU: about 4 MiB of fp32 logits, so that the passes over a chunk hit
@@ -24,7 +26,8 @@ CPU_CHUNK_BYTES = 4 << 20
 
 class _LabelSmoothedCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, smoothing: float, ignore_index: int):
+    def forward(ctx: Any, logits: torch.Tensor, labels: torch.Tensor, smoothing: float,
+                ignore_index: int) -> torch.Tensor:
         n, vocab = logits.shape
         grad = torch.empty_like(logits)
         total = torch.zeros((), dtype=torch.float32, device=logits.device)
@@ -58,7 +61,7 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
         return total
 
     @staticmethod
-    def backward(ctx, grad_output: torch.Tensor):
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         if ctx.consumed:
             raise RuntimeError("label_smoothed_cross_entropy: backward can run only once per forward "
                                "(its gradient buffer is scaled in place)")
@@ -78,8 +81,10 @@ def label_smoothed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, smo
     if not 0.0 <= smoothing < 1.0:
         raise ValueError(f"label smoothing must be in [0, 1), got {smoothing}")
     vocab = logits.size(-1)
-    return _LabelSmoothedCrossEntropy.apply(logits.reshape(-1, vocab), labels.reshape(-1), float(smoothing),
-                                            int(ignore_index))
+    # torch leaves autograd.Function.apply unannotated.
+    loss: torch.Tensor = _LabelSmoothedCrossEntropy.apply(  # type: ignore[no-untyped-call]
+        logits.reshape(-1, vocab), labels.reshape(-1), float(smoothing), int(ignore_index))
+    return loss
 
 
 # The logits of one chunk of rows, in fp32, on an accelerator: large enough that each pass is one
@@ -104,8 +109,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
-                smoothing: float, ignore_index: int, chunks: int):
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
+                smoothing: float, ignore_index: int, chunks: int) -> torch.Tensor:
         vocab = weight.size(0)
         grad_hidden = torch.empty_like(hidden)
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
@@ -136,11 +141,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
             torch.mm(g, weight, out=gh)
             grad_weight += g.t() @ h
         ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype),
-                              grad_bias.to(bias.dtype) if grad_bias is not None else None)
+                              grad_bias.to(cast(torch.Tensor, bias).dtype) if grad_bias is not None else None)
         return total
 
     @staticmethod
-    def backward(ctx, grad_output: torch.Tensor):
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
         scale = grad_output.to(grad_hidden.dtype)
         return (grad_hidden * scale, grad_weight * scale.to(grad_weight.dtype),
@@ -167,5 +172,6 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch
         hidden = hidden.to(weight.dtype)
     if chunks is None:
         chunks = logit_chunks(hidden.size(0), weight.size(0), hidden.device)
-    return _LinearCrossEntropy.apply(hidden, weight, bias, labels.reshape(-1), float(smoothing), int(ignore_index),
-                                     int(chunks))
+    loss: torch.Tensor = _LinearCrossEntropy.apply(  # type: ignore[no-untyped-call]  # as above
+        hidden, weight, bias, labels.reshape(-1), float(smoothing), int(ignore_index), int(chunks))
+    return loss

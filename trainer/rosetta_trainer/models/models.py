@@ -8,10 +8,10 @@ positions and shared embeddings) and `t5` is a T5Config.
 from __future__ import annotations
 
 import logging
-from typing import Mapping
+from typing import Any, Mapping
 
 import torch
-from transformers import AutoModelForSeq2SeqLM, MarianConfig, PreTrainedModel, T5Config
+from transformers import AutoModelForSeq2SeqLM, MarianConfig, PretrainedConfig, PreTrainedModel, T5Config
 
 from rosetta_contract.model_fields import ModelSpec
 
@@ -36,7 +36,7 @@ T5_SIZES = {
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 
 
-def _dims(spec: ModelSpec) -> dict:
+def _dims(spec: ModelSpec) -> dict[str, Any]:
     table = T5_SIZES if spec.architecture == "t5" else TRANSFORMER_SIZES
     d_model, enc, dec, heads, ffn = table[spec.size]
     return {
@@ -49,14 +49,15 @@ def _dims(spec: ModelSpec) -> dict:
     }
 
 
-def scratch_config(spec: ModelSpec, vocab_size: int, max_length: int):
+def scratch_config(spec: ModelSpec, vocab_size: int, max_length: int) -> T5Config | MarianConfig:
     """The transformers config for a from-scratch model."""
     d = _dims(spec)
     if d["d_model"] % d["heads"]:
         raise ValueError(f"spec.model: dModel {d['d_model']} is not divisible by heads {d['heads']}")
-    ids = dict(pad_token_id=PAD_ID, eos_token_id=EOS_ID, decoder_start_token_id=PAD_ID)
+    ids: dict[str, Any] = dict(pad_token_id=PAD_ID, eos_token_id=EOS_ID, decoder_start_token_id=PAD_ID)
     if spec.architecture == "t5":
-        return T5Config(
+        # T5Config's annotations leave out tie_word_embeddings, a PretrainedConfig field it passes on.
+        return T5Config(  # type: ignore[call-arg]
             vocab_size=vocab_size, d_model=d["d_model"], d_kv=d["d_model"] // d["heads"], d_ff=d["ffn_dim"],
             num_layers=d["encoder_layers"], num_decoder_layers=d["decoder_layers"], num_heads=d["heads"],
             dropout_rate=d["dropout"], feed_forward_proj="relu", tie_word_embeddings=True, **ids,
@@ -78,12 +79,13 @@ def build_model(spec: ModelSpec, vocab_size: int, max_length: int) -> PreTrained
     if spec.name is not None:
         return load_pretrained(spec.name, spec.attention)
     config = scratch_config(spec, vocab_size, max_length)
-    return AutoModelForSeq2SeqLM.from_config(config, attn_implementation=spec.attention)
+    model: PreTrainedModel = AutoModelForSeq2SeqLM.from_config(config, attn_implementation=spec.attention)
+    return model
 
 
 def load_pretrained(name_or_path: str, attention: str = "sdpa") -> PreTrainedModel:
     try:
-        model = AutoModelForSeq2SeqLM.from_pretrained(name_or_path, attn_implementation=attention)
+        model: PreTrainedModel = AutoModelForSeq2SeqLM.from_pretrained(name_or_path, attn_implementation=attention)
     except ValueError as exc:
         # Older architectures without an SDPA path: fall back rather than refuse to train.
         if attention != "sdpa" or "sdpa" not in str(exc).lower():
@@ -99,7 +101,7 @@ def model_from_config(path: str, attention: str = "sdpa") -> PreTrainedModel:
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(path)
-    model = AutoModelForSeq2SeqLM.from_config(config, attn_implementation=attention)
+    model: PreTrainedModel = AutoModelForSeq2SeqLM.from_config(config, attn_implementation=attention)
     if separate_output_in_config(config):
         untie_output(model)
     freeze_fixed_positions(model)
@@ -113,7 +115,7 @@ def model_from_config(path: str, attention: str = "sdpa") -> PreTrainedModel:
 # weights come from ZeRO shards afterwards) is tied, and loading such weights into it would keep
 # one of the two matrices for both. These helpers make from-config models match their weights.
 
-def separate_output_in_config(config) -> bool:
+def separate_output_in_config(config: PretrainedConfig) -> bool:
     """Whether checkpoints of this config keep their own lm_head, read from the config alone.
 
     T5 configs keep the saved tie_word_embeddings=False of v1.1/flan-T5 as
@@ -128,7 +130,7 @@ def separate_output_in_config(config) -> bool:
     return not getattr(config, "tie_word_embeddings", True)
 
 
-def _weight_name(model: PreTrainedModel, module) -> str | None:
+def _weight_name(model: PreTrainedModel, module: torch.nn.Module | None) -> str | None:
     return next((f"{name}.weight" for name, m in model.named_modules() if m is module), None)
 
 
@@ -154,7 +156,8 @@ def untie_output_for(model: PreTrainedModel, state: Mapping[str, torch.Tensor]) 
     """Untie the output projection when `state` (a full state dict) holds a different one."""
     name = _weight_name(model, model.get_output_embeddings())
     inp_name = _weight_name(model, model.get_input_embeddings())
-    if name in state and inp_name in state and not torch.equal(state[name], state[inp_name]):
+    if (name is not None and inp_name is not None and name in state and inp_name in state
+            and not torch.equal(state[name], state[inp_name])):
         untie_output(model)
 
 
@@ -168,6 +171,6 @@ def freeze_fixed_positions(model: PreTrainedModel) -> None:
                 param.requires_grad_(False)
 
 
-def count_parameters(model) -> int:
+def count_parameters(model: torch.nn.Module) -> int:
     # Under ZeRO-3 a parameter is an empty placeholder; DeepSpeed keeps its real size in ds_numel.
     return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())

@@ -16,9 +16,15 @@ the number of target tokens. Two things in it are for the accelerator's sake:
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from rosetta_trainer.models.losses import label_smoothed_cross_entropy, linear_cross_entropy
+
+# A Hugging Face seq2seq model, whose parts (encoder, decoder, lm_head, final_logits_bias) differ by
+# architecture and are looked up by name.
+Model = Any
 
 IGNORE_INDEX = -100  # batching.IGNORE_INDEX; repeated so that this module needs no data code
 
@@ -43,7 +49,7 @@ def causal_mask_4d(length: int, implementation: str, dtype: torch.dtype, device:
     return keep
 
 
-def decoder_mask(model, decoder_input_ids: torch.Tensor) -> torch.Tensor | None:
+def decoder_mask(model: Model, decoder_input_ids: torch.Tensor) -> torch.Tensor | None:
     """The decoder's self-attention mask to pass, or None to let the model make its causal one.
 
     Marian/BART-style decoders, run eagerly without a mask, make a (batch, length) one of ones and
@@ -56,7 +62,7 @@ def decoder_mask(model, decoder_input_ids: torch.Tensor) -> torch.Tensor | None:
                           decoder_input_ids.device)
 
 
-def fused_head(model) -> bool:
+def fused_head(model: Model) -> bool:
     """Whether decoder_states() knows where `model`'s decoder output and head are."""
     if getattr(model.config, "model_type", None) in _T5_FAMILY:
         return hasattr(model, "encoder") and hasattr(model, "decoder") and hasattr(model, "lm_head")
@@ -66,9 +72,10 @@ def fused_head(model) -> bool:
             and getattr(model.lm_head, "bias", None) is None)
 
 
-def decoder_states(model, input_ids: torch.Tensor, mask: torch.Tensor, decoder_input_ids: torch.Tensor):
+def decoder_states(model: Model, input_ids: torch.Tensor, mask: torch.Tensor,
+                   decoder_input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(the hidden states the head projects, its weight, its bias or None): model(...).logits is
-    `hidden @ weight.T + bias`, to the last bit (tests/unit/test_seq2seq_loss.py)."""
+    `hidden @ weight.T + bias`, to the last bit (tests/unit/trainer/models/test_seq2seq_loss.py)."""
     config = model.config
     if config.model_type in _T5_FAMILY:
         encoded = model.encoder(input_ids=input_ids, attention_mask=mask)[0]
@@ -86,7 +93,7 @@ def decoder_states(model, input_ids: torch.Tensor, mask: torch.Tensor, decoder_i
 class Seq2SeqLoss(torch.nn.Module):
     """The model and its criterion; forward returns (loss per target token, target tokens)."""
 
-    def __init__(self, model, smoothing: float, chunks: int | None = None):
+    def __init__(self, model: Model, smoothing: float, chunks: int | None = None) -> None:
         super().__init__()
         self.model = model
         self.smoothing = smoothing
@@ -95,7 +102,8 @@ class Seq2SeqLoss(torch.nn.Module):
         self.chunks = chunks
         self.fused = fused_head(model)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor):
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         model = self.model
         decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels=labels)
         mask = padding_mask_4d(attention_mask, model.config._attn_implementation, model.dtype)

@@ -17,13 +17,15 @@ import json
 import random
 from array import array
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from rosetta_contract.model_fields import TokenizerTraining
+
+T = TypeVar("T")
 
 PAD, EOS, UNK = "<pad>", "</s>", "<unk>"
 # The order is the ids: the trainers give special tokens the first ids, in this order.
@@ -34,7 +36,8 @@ PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 SAMPLE_SEED = 0
 
 
-def _reservoir(items: Iterable, k: int, seed: int, keep: Callable | None = None) -> tuple[list, array]:
+def _reservoir(items: Iterable[T], k: int, seed: int,
+               keep: Callable[[T], Any] | None = None) -> tuple[list[Any], array[int]]:
     """A uniform sample of at most k items, the same for the same seed and items, and where each
     stood in the stream; in no order. One pass (reservoir sampling, Vitter's algorithm R): k
     items are held, never the whole corpus. `keep` makes what is held of an item the sample
@@ -42,7 +45,7 @@ def _reservoir(items: Iterable, k: int, seed: int, keep: Callable | None = None)
     rng = random.Random(seed)
     # The positions sit apart from the items, in one flat array: a (position, item) tuple per
     # slot would add some 90 bytes to each of the k pairs held.
-    held: list = []
+    held: list[Any] = []
     positions = array("q")
     for i, item in enumerate(items):
         if i < k:
@@ -56,12 +59,12 @@ def _reservoir(items: Iterable, k: int, seed: int, keep: Callable | None = None)
     return held, positions
 
 
-def _in_order(positions: array) -> np.ndarray:
+def _in_order(positions: array[int]) -> np.ndarray:
     # numpy's sort of 8-byte positions, not sorted(range(k), key=...): 1M Python ints twice over.
     return np.argsort(np.frombuffer(positions, dtype=np.int64))
 
 
-def _subsample(items: Iterable, k: int | None, seed: int = SAMPLE_SEED) -> list:
+def _subsample(items: Iterable[T], k: int | None, seed: int = SAMPLE_SEED) -> list[T]:
     """At most k items (all of them when k is None or 0), a seeded uniform sample kept in the
     stream's order."""
     if not k:
@@ -82,7 +85,7 @@ def _encoded(item: str | tuple[str, str]) -> bytes:
     return len(source).to_bytes(4, "little") + source + target
 
 
-def _packed(held: list[bytes], order: np.ndarray) -> tuple[bytearray, array]:
+def _packed(held: list[bytes], order: np.ndarray) -> tuple[bytearray, array[int]]:
     """The sentences of the `_encoded` items in `held`, taken in `order`, in one buffer, and where
     each ends; `held` is emptied as it goes. One block, given back whole once the trainer has read
     it: the reservoir's churn leaves its items scattered over the heap, and the words the trainer
@@ -117,7 +120,8 @@ def _sentences(texts: Iterable[str | tuple[str, str]], max_sentences: int | None
         start = end
 
 
-def _train_unigram(spec: TokenizerTraining, sentences: Iterable[str], normalizer, pre_tokenizer) -> models.Unigram:
+def _train_unigram(spec: TokenizerTraining, sentences: Iterable[str], normalizer: normalizers.Normalizer,
+                   pre_tokenizer: pre_tokenizers.PreTokenizer) -> models.Unigram:
     # The tokenizers Unigram trainer takes its seed pieces from a suffix array over the
     # *distinct* words, so a frequent word that is not part of any other word ("▁gibt") is
     # never a candidate and ends up spelt letter by letter. Feeding every distinct word once

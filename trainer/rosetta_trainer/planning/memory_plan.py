@@ -21,7 +21,10 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Iterator, cast
 
+from rosetta_contract.config import TrainerSpec
+from rosetta_contract.training_fields import DistributedSpec
 from rosetta_trainer.planning.plan_inputs import (
     Cluster,
     GiB,
@@ -63,7 +66,7 @@ SETTINGS = (
 )
 
 
-def setting_of(distributed) -> Setting:
+def setting_of(distributed: DistributedSpec) -> Setting:
     """The setting a spec.distributed asks for; a raw deepspeedConfig overrides the fields."""
     if distributed.backend == "ddp":
         return Setting(0)
@@ -91,12 +94,12 @@ class Batch:
     checkpointing: bool = False  # spec.training.activationCheckpointing
 
     @classmethod
-    def of(cls, spec) -> "Batch":
+    def of(cls, spec: TrainerSpec) -> "Batch":
         d, t = spec.data, spec.training
         s, tl = d.max_source_length, d.max_target_length
         # A token budget holds sentences × (longest source + longest target) (batching.plan_epoch);
         # the most activation memory is the batch of full-length pairs.
-        n = t.batch.sentences or max(1, t.batch.tokens // (s + tl))
+        n = t.batch.sentences or max(1, cast(int, t.batch.tokens) // (s + tl))  # BatchSpec sets one of the two
         return cls(n, s, tl, t.precision, spec.model.attention, t.activation_checkpointing)
 
     @property
@@ -174,6 +177,8 @@ def model_state_bytes(setting: Setting, shape: ModelShape, world: int, precision
     """
     psi, t, big, n = shape.params, shape.trainable, shape.largest_layer, world
     mixed = precision != "fp32"
+    weights: float
+    grads: float
     w = 2 if mixed else 4
     if setting.stage == 0:
         weights = 4 * psi + (2 * psi if mixed else 0)
@@ -228,7 +233,7 @@ def node_cpu_bytes(setting: Setting, shape: ModelShape, nodes: int, gpus_per_nod
 
 
 @contextlib.contextmanager
-def _quiet_accelerator_detection():
+def _quiet_accelerator_detection() -> Iterator[None]:
     # Importing DeepSpeed on a machine without a GPU logs "Setting accelerator to CPU" to
     # stdout, which would corrupt `rosetta plan --json`; planning is not running on one.
     def drop(record: logging.LogRecord) -> bool:
@@ -300,7 +305,7 @@ class Plan:
                        f"{GPU_HEADROOM:.0%} headroom)")
         else:
             problem = (f"needs about {format_gib(mine.node_cpu)} of CPU memory per node but spec.resources.memory "
-                       f"is {format_gib(self.cluster.node_memory)}")
+                       f"is {format_gib(cast(int, self.cluster.node_memory))}")
         best = self.recommended
         if best is not None:
             advice = f"{best.setting.name} would fit ({format_gib(best.gpu_total)} per GPU)"
@@ -310,7 +315,7 @@ class Plan:
                       + "add GPUs, or use GPUs with more memory")
         return [f"WARNING: {self.requested.name} (spec.distributed) {problem}; {advice}"]
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         best = self.recommended
         return {
             "model": asdict(self.shape), "batch": asdict(self.batch),
@@ -359,7 +364,7 @@ def _notes(plan: Plan) -> list[str]:
     ]
 
 
-def plan_spec(spec, gpu_memory: str | None = None) -> Plan:
+def plan_spec(spec: TrainerSpec, gpu_memory: str | None = None) -> Plan:
     """The plan for a TrainerSpec or an operator TranslationTrainingSpec; PlanSkipped when impossible."""
     cluster = cluster_of(spec, gpu_memory)
     config, source = model_config(spec)
@@ -374,7 +379,7 @@ def format_gib(n: float) -> str:
     return f"{n / GiB:.1f} GiB"
 
 
-def fit_warnings(spec) -> list[str]:
+def fit_warnings(spec: TrainerSpec) -> list[str]:
     """What `rosetta validate` adds: the warning lines, or one line saying why there is no plan."""
     if getattr(spec, "gpus_per_node", 1) == 0:
         return []  # CPU training: nothing to check, and no reason to import torch

@@ -14,9 +14,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
+from rosetta_contract.config import TrainerSpec
 from rosetta_trainer.planning.flops import Seq2SeqDims
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, T5Config
+
+    from rosetta_contract.spec import TranslationTrainingSpec
 
 GiB = 2**30
 DEFAULT_GPU_MEMORY = 80 * GiB
@@ -34,7 +40,7 @@ class PlanSkipped(Exception):
 _T5 = (32128, "relu", True)
 _T5_V11 = (32128, "gated-gelu", False)
 _MT5 = (250112, "gated-gelu", False)
-BUILTIN_SHAPES: dict[str, tuple] = {
+BUILTIN_SHAPES: dict[str, tuple[int | str | bool, ...]] = {
     "t5-small": (512, 2048, 64, 6, 6, 8, *_T5),
     "t5-base": (768, 3072, 64, 12, 12, 12, *_T5),
     "t5-large": (1024, 4096, 64, 24, 24, 16, *_T5),
@@ -55,15 +61,18 @@ _SHAPE_FIELDS = ("d_model", "d_ff", "d_kv", "num_layers", "num_decoder_layers", 
                  "feed_forward_proj", "tie_word_embeddings")
 
 
-def builtin_config(name: str):
+def builtin_config(name: str) -> T5Config | None:
     """A T5Config for a well-known hub name ("google-t5/t5-small" is "t5-small"), or None."""
     key = name.removeprefix("google-t5/")
     if key not in BUILTIN_SHAPES:
         return None
     from transformers import T5Config
 
-    return T5Config(**dict(zip(_SHAPE_FIELDS, BUILTIN_SHAPES[key])), dropout_rate=0.1,
-                    pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+    # The table's rows mix the fields' types, and T5Config's annotations leave out
+    # decoder_start_token_id (a PretrainedConfig field it passes on).
+    fields: dict[str, Any] = dict(zip(_SHAPE_FIELDS, BUILTIN_SHAPES[key]))
+    extra: dict[str, Any] = {"decoder_start_token_id": 0}
+    return T5Config(**fields, dropout_rate=0.1, pad_token_id=0, eos_token_id=1, **extra)
 
 
 @dataclass(frozen=True)
@@ -88,7 +97,7 @@ class ModelShape:
     pretrained: bool = True  # from_pretrained weights: partitioned as they load under ZeRO-3
 
 
-def model_config(spec) -> tuple[Any, str]:
+def model_config(spec: TrainerSpec) -> tuple[Any, str]:
     """(transformers config, where it came from) for spec.model; PlanSkipped when unreachable."""
     m = spec.model
     if m.architecture is not None:
@@ -101,16 +110,17 @@ def model_config(spec) -> tuple[Any, str]:
                 f"from-scratch {m.architecture} ({m.size}), vocabulary {vocab} ({where})")
     from transformers import AutoConfig
 
-    if Path(m.name).is_dir():
+    name = cast(str, m.name)  # ModelSpec's validator requires a name where there is no architecture
+    if Path(name).is_dir():
         try:
-            return AutoConfig.from_pretrained(m.name), f"{m.name}/config.json"
+            return AutoConfig.from_pretrained(name), f"{name}/config.json"
         except (OSError, ValueError) as exc:
-            raise PlanSkipped(f"spec.model.name: cannot read the config in {m.name}: {exc}") from None
+            raise PlanSkipped(f"spec.model.name: cannot read the config in {name}: {exc}") from None
     try:
-        return AutoConfig.from_pretrained(m.name, local_files_only=True), f"{m.name} (Hugging Face cache)"
+        return AutoConfig.from_pretrained(name, local_files_only=True), f"{name} (Hugging Face cache)"
     except (OSError, ValueError):
         pass
-    config = builtin_config(m.name)
+    config = builtin_config(name)
     if config is not None:
         return config, f"{m.name} (shape from the built-in table of published configs)"
     if m.source is not None:
@@ -125,7 +135,7 @@ def model_config(spec) -> tuple[Any, str]:
         f"in the built-in table ({', '.join(sorted(BUILTIN_SHAPES))}); plan on a machine that has its config")
 
 
-def _scratch_vocab(spec) -> tuple[int, str]:
+def _scratch_vocab(spec: TrainerSpec) -> tuple[int, str]:
     tok = spec.tokenizer
     if tok.train is not None:
         # An upper bound: a Unigram vocabulary can come out smaller on a small corpus.
@@ -138,7 +148,7 @@ def _scratch_vocab(spec) -> tuple[int, str]:
                       "(and the embedding size) is unknown")
 
 
-def shape_of_config(config, source: str = "config") -> ModelShape:
+def shape_of_config(config: PretrainedConfig, source: str = "config") -> ModelShape:
     """Build the model on the meta device (no memory is allocated) and read off the counts."""
     import torch
     from transformers import AutoModelForSeq2SeqLM
@@ -224,12 +234,12 @@ def gpu_memory_from_labels(labels: dict[str, str]) -> tuple[int, str] | None:
     for key in INSTANCE_TYPE_LABELS:
         value = labels.get(key)
         for pattern, gib, gpu in _INSTANCE_GPUS if value else ():
-            if re.fullmatch(pattern, value):
+            if re.fullmatch(pattern, cast(str, value)):  # no patterns where value is empty
                 return gib * GiB, f"instance type {value} ({gpu})"
     return None
 
 
-def cluster_of(spec, gpu_memory: str | None = None) -> Cluster:
+def cluster_of(spec: TrainerSpec, gpu_memory: str | None = None) -> Cluster:
     """The cluster an operator spec asks for; a trainer-only spec is one process on one GPU."""
     nodes = getattr(spec, "nodes", 1)
     gpus = getattr(spec, "gpus_per_node", None)
@@ -241,8 +251,9 @@ def cluster_of(spec, gpu_memory: str | None = None) -> Cluster:
     if hasattr(spec, "network"):
         from rosetta_contract.profiles import PROFILES
 
-        labels.update(PROFILES[spec.network.profile].node_selector)
-        labels.update(spec.scheduling.node_selector)
+        operator_spec = cast("TranslationTrainingSpec", spec)
+        labels.update(PROFILES[operator_spec.network.profile].node_selector)
+        labels.update(operator_spec.scheduling.node_selector)
     if gpu_memory is not None:
         capacity, source = parse_bytes(gpu_memory, "--gpu-memory"), "--gpu-memory"
     elif found := gpu_memory_from_labels(labels):

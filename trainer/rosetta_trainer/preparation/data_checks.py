@@ -34,7 +34,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 from rosetta_contract.data_fields import REQUIRED_BY_FORMAT, DataSpec
 from rosetta_contract.failures import FailureClass
@@ -52,14 +52,14 @@ EVAL_SPLITS = ("validation", "test")
 class SplitReport:
     read: int = 0
     kept: int = 0
-    dropped: Counter = field(default_factory=Counter)
+    dropped: Counter[str] = field(default_factory=Counter)
     empty: int = 0  # validation/test: empty pairs, kept
 
     @classmethod
-    def from_dict(cls, d: dict) -> "SplitReport":
+    def from_dict(cls, d: dict[str, Any]) -> "SplitReport":
         return cls(read=d["read"], kept=d["kept"], dropped=Counter(d.get("dropped", {})), empty=d.get("empty", 0))
 
-    def as_dict(self, split: str) -> dict:
+    def as_dict(self, split: str) -> dict[str, Any]:
         if split in EVAL_SPLITS:
             return {"read": self.read, "kept": self.kept, "empty": self.empty}
         return {"read": self.read, "kept": self.kept, "dropped": {name: self.dropped[name] for name in FILTERS}}
@@ -77,7 +77,7 @@ class CheckedData:
     training_text: TrainingText | None = None
 
     @property
-    def report(self) -> dict:
+    def report(self) -> dict[str, Any]:
         return {split: report.as_dict(split) for split, report in self.reports.items()}
 
     @property
@@ -100,7 +100,7 @@ def _pairs(n: int) -> str:
     return "pair" if n == 1 else "pairs"
 
 
-def read_checked(data: DataSpec, keep: bool = True, train_report: dict | None = None, *,
+def read_checked(data: DataSpec, keep: bool = True, train_report: dict[str, Any] | None = None, *,
                  read_train: bool = True) -> CheckedData:
     """Every split read and checked. `keep=False` only counts (`rosetta validate` on big corpora):
     the sources stream through (no file is held whole), leaving 8 bytes per distinct training pair
@@ -186,7 +186,7 @@ class TrainingPairs:
         lang = self.text.data.source_lang
         return ((task_prefix(lang, ex.target_lang, ex.task) + ex.source, ex.target) for ex in self.text)
 
-    def report(self) -> dict:
+    def report(self) -> dict[str, Any]:
         """The training split's report of the last complete iteration (summary.json "data")."""
         return self.text.report.as_dict("train")
 
@@ -197,7 +197,7 @@ def _counted(examples: Iterable[Example], report: SplitReport) -> Iterator[Examp
         yield ex
 
 
-def _filtered(examples: Iterable[Example], ratio: float | None, held_out: set | None,
+def _filtered(examples: Iterable[Example], ratio: float | None, held_out: set[tuple[str, str]] | None,
               report: SplitReport) -> Iterator[Example]:
     """The examples that pass the filters before the duplicate one; the others counted."""
     for ex in _counted(examples, report):
@@ -208,7 +208,7 @@ def _filtered(examples: Iterable[Example], ratio: float | None, held_out: set | 
             yield ex
 
 
-def _rejected(ex: Example, ratio: float | None, held_out: set | None) -> str | None:
+def _rejected(ex: Example, ratio: float | None, held_out: set[tuple[str, str]] | None) -> str | None:
     source, target = ex.source.strip(), ex.target.strip()
     if not source or not target:
         return "empty"

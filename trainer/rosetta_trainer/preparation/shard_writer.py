@@ -21,12 +21,15 @@ from collections import deque
 from contextlib import ExitStack
 from itertools import chain, islice
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, BinaryIO, Iterable, Iterator, cast
 
 import numpy as np
 
 from rosetta_trainer.preparation.token_ids import Encoder
 from rosetta_trainer.runtime.durable_files import fsync_tree
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 # 2: the key hashes each side's text and lengths apart, so the text can stream once.
 FORMAT_VERSION = 2
@@ -37,7 +40,7 @@ CHUNK_PAIRS = 10_000
 SIDES = ("source", "target")
 
 
-def tokenizer_fingerprint(tokenizer) -> str:
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
     """A hash of everything about `tokenizer` that decides the ids it gives."""
     h = hashlib.blake2b(digest_size=16)
     h.update(type(tokenizer).__name__.encode())
@@ -65,7 +68,7 @@ class TextHash:
     to end and their lengths (which make the concatenation unambiguous), so the digest does not
     depend on how the pairs were cut into chunks."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.pairs = 0
         self._parts = [hashlib.blake2b(digest_size=16) for _ in range(4)]
 
@@ -94,7 +97,7 @@ def _chunks(pairs: Iterable[tuple[str, str]], size: int,
         yield sources, targets
 
 
-def corpus_key(pairs: Iterable[tuple[str, str]], tokenizer, max_source: int, max_target: int) -> str:
+def corpus_key(pairs: Iterable[tuple[str, str]], tokenizer: PreTrainedTokenizerBase, max_source: int, max_target: int) -> str:
     """The directory name for these (source, target) pairs tokenized by `tokenizer` (see the
     module docstring): one pass over the text, nothing tokenized, nothing held."""
     return content_key(pairs, tokenizer_fingerprint(tokenizer), max_source, max_target)
@@ -114,13 +117,13 @@ def id_dtype(vocab_size: int) -> np.dtype:
 
 # What the worker processes share: set in the parent before they fork, so the tokenizer is not
 # pickled to them; each receives a chunk of text and returns compact arrays.
-_JOB: tuple | None = None
+_JOB: tuple[Encoder, np.dtype] | None = None
 
 Flat = tuple[np.ndarray, np.ndarray]  # ids end to end, and each sequence's length
 
 
 def _encode_chunk(chunk: tuple[list[str], list[str]]) -> tuple[Flat, Flat]:
-    encoder, dtype = _JOB
+    encoder, dtype = cast("tuple[Encoder, np.dtype]", _JOB)  # set before the pool starts
     sources, targets = chunk
     return flatten(encoder.sources(sources), dtype), flatten(encoder.targets(targets), dtype)
 
@@ -137,7 +140,7 @@ def default_workers() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def tokenize(tokenizer, pairs: Iterable[tuple[str, str]], max_source: int, max_target: int, *,
+def tokenize(tokenizer: PreTrainedTokenizerBase, pairs: Iterable[tuple[str, str]], max_source: int, max_target: int, *,
              workers: int | None = None, chunk: int = CHUNK_PAIRS,
              text_hash: TextHash | None = None) -> Iterator[tuple[Flat, Flat]]:
     """The ids `batching.encode` gives, chunk by chunk in the pairs' order: (source ids and
@@ -168,7 +171,7 @@ def tokenize(tokenizer, pairs: Iterable[tuple[str, str]], max_source: int, max_t
         gc.freeze()
         try:
             with multiprocessing.get_context("fork").Pool(workers) as pool:
-                pending: deque = deque()
+                pending: deque[Any] = deque()
                 for piece in chain(ahead, chunks):
                     pending.append(pool.apply_async(_encode_chunk, (piece,)))
                     if len(pending) >= 2 * workers:  # the reading stays this far ahead, no further
@@ -181,7 +184,7 @@ def tokenize(tokenizer, pairs: Iterable[tuple[str, str]], max_source: int, max_t
         _JOB = None
 
 
-def _npy_header(fh, dtype: np.dtype, n: int) -> None:
+def _npy_header(fh: BinaryIO, dtype: np.dtype, n: int) -> None:
     """A version 1.0 .npy header for n items of `dtype`; always HEADER_BYTES long, so the ids can
     be streamed after a placeholder and the real count written over it at the end."""
     np.lib.format.write_array_header_1_0(
@@ -194,7 +197,7 @@ HEADER_BYTES = 128
 OFFSET_DTYPE = np.dtype(np.int64)
 
 
-def write(root: Path, tokenizer, pairs: Iterable[tuple[str, str]], max_source: int, max_target: int, *,
+def write(root: Path, tokenizer: PreTrainedTokenizerBase, pairs: Iterable[tuple[str, str]], max_source: int, max_target: int, *,
           workers: int | None = None, chunk: int = CHUNK_PAIRS, fingerprint: str | None = None) -> Path:
     """Tokenize the pairs as they stream and write one prepared directory under `root`,
     atomically; returns it (`root/<key>`). Memory holds a few chunks of text, never the corpus.

@@ -53,7 +53,7 @@ import shutil
 import socket
 import time
 from pathlib import Path
-from typing import Iterable, Iterator, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol, cast, runtime_checkable
 
 import numpy as np
 
@@ -76,7 +76,17 @@ from rosetta_trainer.preparation.shard_writer import (  # noqa: F401
     tokenizer_fingerprint,
     write,
 )
-from rosetta_trainer.runtime.distributed import all_gather_objects, barrier, broadcast_object, failure, raise_failures
+from rosetta_trainer.runtime.distributed import (
+    World,
+    all_gather_objects,
+    barrier,
+    broadcast_object,
+    failure,
+    raise_failures,
+)
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 PREPARED_DIR = "prepared"  # under the run's output directory
 _SHARED_PROBE = ".shared-probe-"
@@ -117,7 +127,7 @@ class ShardedCorpus:
     def lengths(self) -> tuple[np.ndarray, np.ndarray]:
         return self.sources.lengths(), self.targets.lengths()
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[ShardedCorpus], tuple[str]]:
         # A loader process started by spawn reopens the maps rather than receiving a copy.
         return (ShardedCorpus, (str(self.path),))
 
@@ -129,7 +139,7 @@ class ReportingPairs(Protocol):
 
     def __iter__(self) -> Iterator[tuple[str, str]]: ...
 
-    def report(self) -> dict: ...
+    def report(self) -> dict[str, Any]: ...
 
 
 # A writer's temporary directory older than this was left by a crash, not by a write in progress.
@@ -160,9 +170,9 @@ def prune(root: Path, keep: str) -> int:
     return freed
 
 
-def _shared_between_nodes(root: Path, world) -> bool:
+def _shared_between_nodes(root: Path, world: World) -> bool:
     """Collective: whether every rank sees `root` as one directory (rank 0 writes a probe file)."""
-    token = broadcast_object(world, secrets.token_hex(16) if world.is_main else None)
+    token = cast(str, broadcast_object(world, secrets.token_hex(16) if world.is_main else None))  # rank 0's
     probe = root / f"{_SHARED_PROBE}{token}"
     if world.is_main:
         root.mkdir(parents=True, exist_ok=True)
@@ -191,7 +201,7 @@ def _identity_file(identity: str, fingerprint: str, max_source: int, max_target:
     return f"source-{h.hexdigest()}.json"
 
 
-def _record_identity(directory: Path, name: str, train_report: dict | None) -> None:
+def _record_identity(directory: Path, name: str, train_report: dict[str, Any] | None) -> None:
     tmp = directory / f".{name}.{secrets.token_hex(4)}"
     tmp.write_text(json.dumps({"train": train_report}, indent=1) + "\n")
     with open(tmp, "rb") as fh:
@@ -199,14 +209,14 @@ def _record_identity(directory: Path, name: str, train_report: dict | None) -> N
     tmp.rename(directory / name)
 
 
-def find_prepared(root: Path, identity: str | None, tokenizer, max_source: int, max_target: int,
-                  world) -> tuple[ShardedCorpus, dict] | None:
+def find_prepared(root: Path, identity: str | None, tokenizer: PreTrainedTokenizerBase, max_source: int,
+                  max_target: int, world: World) -> tuple[ShardedCorpus, dict[str, Any]] | None:
     """Collective: the prepared directory made from data files of this identity with this
     tokenizer and these lengths, mapped, with the training split's report as it was when the
     text was read; None (on every rank) unless every rank can map it."""
     started = time.monotonic()
     name = _identity_file(identity, tokenizer_fingerprint(tokenizer), max_source, max_target) if identity else None
-    found = None
+    found: tuple[str, dict[str, Any]] | None = None
     if world.is_main and name:
         for record in sorted(Path(root).glob(f"*/{name}")):
             if not record.parent.name.startswith(".") and is_complete(record.parent):
@@ -245,7 +255,8 @@ def _holds_prepared(root: Path, fingerprint: str, max_source: int, max_target: i
     return False
 
 
-def _prepare_here(root: Path, tokenizer, fingerprint: str, pairs, max_source: int, max_target: int,
+def _prepare_here(root: Path, tokenizer: PreTrainedTokenizerBase, fingerprint: str,
+                  pairs: Iterable[tuple[str, str]], max_source: int, max_target: int,
                   workers: int | None) -> tuple[str, bool]:
     """(key, whether it was written): the directory these pairs name, written unless it is there.
     When it might be (same tokenizer and lengths, other text or the same), the text is hashed
@@ -259,9 +270,9 @@ def _prepare_here(root: Path, tokenizer, fingerprint: str, pairs, max_source: in
     return key, True
 
 
-def prepare_corpus(root: Path, tokenizer, pairs: Iterable[tuple[str, str]], max_source: int, max_target: int,
-                   world, *, workers: int | None = None,
-                   identity: str | None = None) -> tuple[ShardedCorpus, dict | None]:
+def prepare_corpus(root: Path, tokenizer: PreTrainedTokenizerBase, pairs: Iterable[tuple[str, str]], max_source: int,
+                   max_target: int, world: World, *, workers: int | None = None,
+                   identity: str | None = None) -> tuple[ShardedCorpus, dict[str, Any] | None]:
     """Collective: the prepared directory for these (source, target) pairs under `root`, written
     by one process when it is missing, then mapped by every rank; with the training split's
     report.
@@ -273,7 +284,7 @@ def prepare_corpus(root: Path, tokenizer, pairs: Iterable[tuple[str, str]], max_
     started = time.monotonic()
     root = Path(root)
     shared = not world.spans_nodes or _shared_between_nodes(root, world)
-    outcome = None
+    outcome: dict[str, Any] | None = None
     if world.is_main if shared else world.local_rank == 0:
         try:
             # One fingerprint for the key, the write and the identity file: for a tokenizer
@@ -294,7 +305,7 @@ def prepare_corpus(root: Path, tokenizer, pairs: Iterable[tuple[str, str]], max_
     if len(keys) > 1:  # each node read its own copy of the files, and the copies differ
         raise RuntimeError(f"the nodes' training data differ: their prepared directories under {root} are "
                            f"{', '.join(keys)}; give every node the same files")
-    first = outcomes[0]  # rank 0 always writes
+    first = cast("dict[str, Any]", outcomes[0])  # rank 0 always writes
     corpus = ShardedCorpus(root / keys[0])
     meta = corpus.meta
     wrote = bool(outcome and outcome["wrote"])  # by this process

@@ -15,10 +15,14 @@ import os
 import shutil
 import time
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any, cast
 
 from rosetta_contract.config import TrainerSpec
 from rosetta_contract.staging_fields import StagingSpec
 from rosetta_trainer.data.examples import DataError
+
+if TYPE_CHECKING:
+    from rosetta_trainer.runtime.s3_client import RetryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -33,20 +37,22 @@ class StagingError(DataError):
 def staged_from(path: Path) -> str | None:
     """The uri `path` was staged from, or None."""
     try:
-        return json.loads((path / MARKER).read_text()).get("uri")
+        uri: str | None = json.loads((path / MARKER).read_text()).get("uri")
+        return uri
     except (OSError, ValueError, AttributeError):
         return None
 
 
-def stage_all(spec: TrainerSpec) -> list[dict]:
+def stage_all(spec: TrainerSpec) -> list[dict[str, Any]]:
     """Stage every source of the spec; one summary per source."""
     return [stage(source, what) for what, source in spec.staging_sources()]
 
 
-def stage(source: StagingSpec, what: str = "data", policy=None) -> dict:
+def stage(source: StagingSpec, what: str = "data", policy: RetryPolicy | None = None) -> dict[str, Any]:
     """Copy `source.uri` into `source.path` unless it is already there. `policy`: the S3 retries
     (s3_client.RetryPolicy; the mirror's by default)."""
-    dest = Path(source.path)
+    # Validation sets it: data.source requires one, model.source's is model.name.
+    dest = Path(cast(str, source.path))
     previous = staged_from(dest)
     if previous == source.uri:
         log.info("%s: %s is already staged from %s", what, dest, source.uri)
@@ -77,7 +83,7 @@ def stage(source: StagingSpec, what: str = "data", policy=None) -> dict:
 # ------------------------------------------------------------------------------- S3
 
 
-def _copy_s3(source: StagingSpec, into: Path, policy=None) -> int:
+def _copy_s3(source: StagingSpec, into: Path, policy: RetryPolicy | None = None) -> int:
     from rosetta_trainer.runtime import s3_client  # boto3 (the [s3] extra): only an s3:// source needs it
 
     bucket, _, prefix = source.uri[len("s3://"):].partition("/")
@@ -96,8 +102,9 @@ def _copy_s3(source: StagingSpec, into: Path, policy=None) -> int:
                 raise StagingError(f"{source.uri}: object key {key!r} does not fit below {source.path}")
             target = into.joinpath(*rel.parts)
             target.parent.mkdir(parents=True, exist_ok=True)
-            s3_client.with_retries(f"s3://{bucket}/{key}", lambda key=key, target=target:
-                                   client.download_file(bucket, key, str(target)), policy, counters)
+            def download(key: str = key, target: Path = target) -> None:
+                client.download_file(bucket, key, str(target))
+            s3_client.with_retries(f"s3://{bucket}/{key}", download, policy, counters)
     except s3_client.MirrorError as exc:
         if exc.__cause__ is not None and s3_client.retryable(exc.__cause__):
             raise  # still failing after the retries: the stage job's own retry may get through

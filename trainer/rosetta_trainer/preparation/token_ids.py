@@ -15,7 +15,10 @@ it is trusted, and falls back to the public call (with a log line) if the two ev
 from __future__ import annotations
 
 import logging
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -25,18 +28,21 @@ CHECK_SAMPLE = 256
 IdsFn = Callable[[Sequence[str]], list[list[int]]]
 
 
-def public_ids(tokenizer, max_length: int, *, target: bool) -> IdsFn:
+def public_ids(tokenizer: PreTrainedTokenizerBase, max_length: int, *, target: bool) -> IdsFn:
     """The documented call: what `batching.encode` and a Seq2SeqTrainer user's `map` run."""
     def ids(texts: Sequence[str]) -> list[list[int]]:
         texts = list(texts)
         if target:
-            return tokenizer(text_target=texts, truncation=True, max_length=max_length)["input_ids"]
-        return tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
+            ids_: list[list[int]] = tokenizer(text_target=texts, truncation=True, max_length=max_length)["input_ids"]
+            return ids_
+        ids_ = tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
+        return ids_
     return ids
 
 
-def _backend_ids(tokenizer, max_length: int, *, target: bool) -> IdsFn | None:
-    backend = getattr(tokenizer, "_tokenizer", None)
+def _backend_ids(tokenizer: PreTrainedTokenizerBase, max_length: int, *, target: bool) -> IdsFn | None:
+    # The `tokenizers` Tokenizer behind a fast tokenizer: a private attribute, so untyped.
+    backend: Any = getattr(tokenizer, "_tokenizer", None)
     if not getattr(tokenizer, "is_fast", False) or not hasattr(backend, "encode_batch_fast") \
             or not hasattr(tokenizer, "set_truncation_and_padding"):
         return None
@@ -67,7 +73,8 @@ class Encoder:
     Built once per corpus with a sample of its pairs; uses the backend's fast path when it gives
     exactly the public call's ids on that sample (and on a long text, so truncation is compared)."""
 
-    def __init__(self, tokenizer, max_source: int, max_target: int, sample: tuple[Sequence[str], Sequence[str]]):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, max_source: int, max_target: int,
+                 sample: tuple[Sequence[str], Sequence[str]]) -> None:
         self.fast = False
         self.sources = public_ids(tokenizer, max_source, target=False)
         self.targets = public_ids(tokenizer, max_target, target=True)

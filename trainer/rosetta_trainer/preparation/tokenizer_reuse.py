@@ -15,6 +15,7 @@ import json
 import os
 import secrets
 from pathlib import Path
+from typing import Any
 
 from rosetta_contract.model_fields import TokenizerTraining
 
@@ -22,18 +23,18 @@ RECORD = "rosetta-trained-from.json"
 FORMAT_VERSION = 1
 
 
-def trained_from(settings: TokenizerTraining, identity: str | None) -> dict | None:
+def trained_from(settings: TokenizerTraining, identity: str | None) -> dict[str, Any] | None:
     """What a tokenizer trained now would be trained from; None when it cannot be named."""
     if identity is None:
         return None
     return {"format": FORMAT_VERSION, "data": identity, "settings": settings.model_dump(mode="json", by_alias=True)}
 
 
-def reusable(directory: Path, record: dict | None) -> bool:
+def reusable(directory: Path, record: dict[str, Any] | None) -> bool:
     if record is None:
         return False
     try:
-        return json.loads((directory / RECORD).read_text()) == record
+        return bool(json.loads((directory / RECORD).read_text()) == record)
     except (OSError, ValueError):
         return False
 
@@ -42,7 +43,7 @@ def forget(directory: Path) -> None:
     (directory / RECORD).unlink(missing_ok=True)
 
 
-def remember(directory: Path, record: dict | None) -> None:
+def remember(directory: Path, record: dict[str, Any] | None) -> None:
     """Written after the tokenizer's own files, renamed into place: a record names a whole tokenizer."""
     if record is None:
         return

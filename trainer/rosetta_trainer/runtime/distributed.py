@@ -9,11 +9,14 @@ import datetime
 import os
 import re
 from dataclasses import dataclass
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
 
 from rosetta_trainer.data.examples import DataError
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -70,16 +73,16 @@ def barrier(world: World) -> None:
         dist.barrier()
 
 
-def all_gather_objects(world: World, obj):
+def all_gather_objects(world: World, obj: T) -> list[T]:
     """Every rank's `obj`, in rank order (a list of one when alone)."""
     if not world.distributed:
         return [obj]
-    out = [None] * world.size
+    out: list[Any] = [None] * world.size
     dist.all_gather_object(out, obj)
     return out
 
 
-def broadcast_object(world: World, obj, src: int = 0):
+def broadcast_object(world: World, obj: T, src: int = 0) -> T:
     if not world.distributed:
         return obj
     box = [obj]
@@ -115,18 +118,20 @@ def all_reduce_sum(world: World, tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def control_group(world: World):
+def control_group(world: World) -> dist.ProcessGroup | None:
     """A gloo group for small CPU-side agreements (stop flags) that must not wait on the GPU;
     None (the default group) when the world already runs on gloo or alone."""
     if not world.distributed or dist.get_backend() == "gloo":
         return None
     timeout = datetime.timedelta(seconds=world.timeout_s) if world.timeout_s else None
-    return dist.new_group(backend="gloo", timeout=timeout)
+    group: dist.ProcessGroup = dist.new_group(backend="gloo", timeout=timeout)
+    return group
 
 
-def all_reduce_sum_async(world: World, tensor: torch.Tensor, group=None):
+def all_reduce_sum_async(world: World, tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> dist.Work:
     """Start a sum-reduce and return its handle (`.wait()` before reading `tensor`)."""
-    return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group, async_op=True)
+    # async_op: a handle to wait on, never None.
+    return cast(dist.Work, dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group, async_op=True))
 
 
 class CollectiveTimeout(RuntimeError):

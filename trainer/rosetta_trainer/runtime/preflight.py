@@ -43,12 +43,13 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional, cast
 
 import torch
 import torch.distributed as dist
 
 from rosetta_contract.failures import NODE_NAME_ENV
+from rosetta_contract.fault_tolerance_fields import PreflightSpec
 from rosetta_trainer.runtime.distributed import World, control_group
 from rosetta_trainer.runtime.fault_hooks import PREFLIGHT_FAIL_ON_NODE_ENV, preflight_fails_on
 
@@ -109,7 +110,7 @@ class Preflight:
     bus_bandwidth_gbps: Optional[float] = None
     floor_gbps: Optional[float] = None
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"node": self.node, "ranks": self.ranks, "nodes": self.nodes, "collective_mib": self.collective_mib,
                 "bus_bandwidth_gbps": self.bus_bandwidth_gbps, "min_bus_bandwidth_gbps": self.floor_gbps}
 
@@ -199,7 +200,7 @@ def judge(reports: list[RankReport], nbytes: int, floor_gbps: Optional[float]) -
         unhealthy[slowest.node] = (
             f"pre-flight on node {slowest.node}: all-reduce bus bandwidth {busbw:.1f} GB/s below the floor "
             f"{floor_gbps:g} GB/s (spec.faultTolerance.preflight.minBusBandwidthGbps): {nbytes / MIB:g} MiB across "
-            f"{len(reports)} ranks took {slowest.seconds * 1e3:.1f} ms on this node's rank {slowest.rank} "
+            f"{len(reports)} ranks took {cast(float, slowest.seconds) * 1e3:.1f} ms on this node's rank {slowest.rank} "
             f"({slowest.device}), the slowest")
     return Verdict(unhealthy, busbw, slowest)
 
@@ -218,15 +219,15 @@ def rank_line(report: RankReport, nbytes: int, ranks: int, floor_gbps: Optional[
     return head + checked
 
 
-def _gather(world: World, group, report: RankReport) -> list[RankReport]:
+def _gather(world: World, group: dist.ProcessGroup | None, report: RankReport) -> list[RankReport]:
     if not world.distributed:
         return [report]
-    out: list = [None] * world.size
+    out: list[Any] = [None] * world.size
     dist.all_gather_object(out, report, group=group)
     return out
 
 
-def run_preflight(spec, world: World, *, environ: Mapping[str, str] = os.environ,
+def run_preflight(spec: PreflightSpec, world: World, *, environ: Mapping[str, str] = os.environ,
                   peer_grace_s: float = PEER_GRACE_SECONDS) -> Preflight:
     """Check this rank's node and, with others, the gang (`spec`: spec.faultTolerance.preflight).
     Returns what passed; raises NodeUnhealthy on a rank of an unhealthy node, PeerUnhealthy on the others."""

@@ -9,11 +9,18 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, TypeVar, cast
 
 import botocore.exceptions as boto_errors
 from boto3.exceptions import S3UploadFailedError
 
 from rosetta_contract.checkpoint_fields import S3MirrorSpec
+from rosetta_contract.staging_fields import StagingSpec
+
+if TYPE_CHECKING:
+    from boto3.s3.transfer import TransferConfig
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +58,8 @@ class RetryPolicy:
     read_timeout_s: float = 60.0
 
     def delay(self, failures: int) -> float:
-        return min(self.max_delay_s, self.first_delay_s * 2 ** (failures - 1)) * random.uniform(0.5, 1.0)
+        backoff: float = self.first_delay_s * 2 ** (failures - 1)
+        return min(self.max_delay_s, backoff) * random.uniform(0.5, 1.0)
 
 
 @dataclass
@@ -67,15 +75,16 @@ class Counters:
             with self.lock:
                 setattr(self, kind, getattr(self, kind) + n)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, int]:
         return {"http": self.http, "object": self.object}
 
 
-def make_client(spec: S3MirrorSpec, policy: RetryPolicy = RetryPolicy(), counters: Counters | None = None):
+# boto3's clients are made at run time from service descriptions: no annotations to name them by.
+def make_client(spec: S3MirrorSpec | StagingSpec, policy: RetryPolicy = RetryPolicy(), counters: Counters | None = None) -> Any:
     import boto3
     from botocore.config import Config
 
-    options = dict(retries={"mode": "standard", "total_max_attempts": policy.http_attempts},
+    options: dict[str, Any] = dict(retries={"mode": "standard", "total_max_attempts": policy.http_attempts},
                    connect_timeout=policy.connect_timeout_s, read_timeout=policy.read_timeout_s)
     if spec.endpoint_url:
         # S3-compatible stores rarely serve virtual-hosted bucket names.
@@ -83,14 +92,14 @@ def make_client(spec: S3MirrorSpec, policy: RetryPolicy = RetryPolicy(), counter
     client = boto3.session.Session().client("s3", endpoint_url=spec.endpoint_url, region_name=spec.region,
                                             config=Config(**options))
     if counters is not None:
-        def count(request=None, **_):  # once per HTTP attempt; botocore numbers them from 1
+        def count(request: Any = None, **_: Any) -> None:  # once per HTTP attempt; botocore numbers them from 1
             if getattr(request, "context", {}).get("retries", {}).get("attempt", 1) > 1:
                 counters.add("http")
         client.meta.events.register("request-created.s3", count)
     return client
 
 
-def transfer_config():
+def transfer_config() -> TransferConfig:
     from boto3.s3.transfer import TransferConfig
 
     return TransferConfig(multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=MULTIPART_THRESHOLD,
@@ -102,9 +111,9 @@ def _root_cause(exc: BaseException) -> BaseException:
     # RetriesExceededError keeps the last error in `last_exception`.
     inner = getattr(exc, "last_exception", None)
     if inner is not None:
-        return inner
+        return cast(BaseException, inner)
     if isinstance(exc, S3UploadFailedError) and exc.__context__ is not None:
-        return exc.__context__
+        return cast(BaseException, exc.__context__)
     return exc
 
 
@@ -122,7 +131,8 @@ def retryable(exc: BaseException) -> bool:
                             boto_errors.IncompleteReadError, boto_errors.ChecksumError))
 
 
-def with_retries(what: str, fn, policy: RetryPolicy, counters: Counters):
+# The last attempt returns or raises; only attempts < 1 falls through (to None, as it always has).
+def with_retries(what: str, fn: Callable[[], T], policy: RetryPolicy, counters: Counters) -> T:  # type: ignore[return]
     """fn(), retried with backoff on 5xx/throttling/connection errors; MirrorError naming `what` at the end."""
     for attempt in range(1, policy.attempts + 1):
         try:
@@ -144,8 +154,8 @@ def not_found(exc: BaseException) -> bool:
         exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound")
 
 
-def list_keys(client, bucket: str, prefix: str) -> list[str]:
-    keys = []
+def list_keys(client: Any, bucket: str, prefix: str) -> list[str]:
+    keys: list[str] = []
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         keys += [obj["Key"] for obj in page.get("Contents", [])]
     return keys

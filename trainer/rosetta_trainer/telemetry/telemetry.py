@@ -14,8 +14,14 @@ import logging
 import math
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
+from rosetta_contract.evaluation_fields import TrackingSpec
 from rosetta_trainer.telemetry.tracking import Trackers, eval_metrics
+
+if TYPE_CHECKING:
+    from prometheus_client import Gauge, Info
+    from torch.utils.tensorboard import SummaryWriter
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +35,7 @@ PHASES = ("train", "evaluate", "checkpoint")
 # from a timer thread: a thread would go on beating through the very hang it should reveal.
 
 
-def _clean(value):
+def _clean(value: Any) -> Any:
     """JSON has no NaN/inf: write null instead of an invalid document."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -44,7 +50,7 @@ def truncate_jsonl(path: Path, after_step: int) -> None:
     """Drop lines logged after `after_step`: a resumed run will log those steps again."""
     if not path.exists():
         return
-    kept = []
+    kept: list[str] = []
     for line in path.read_text(errors="replace").splitlines():
         try:
             record = json.loads(line)
@@ -57,18 +63,20 @@ def truncate_jsonl(path: Path, after_step: int) -> None:
 
 class Telemetry:
     def __init__(self, output: Path, *, name: str, namespace: str | None, port: int, tensorboard: bool,
-                 enabled: bool, resumed_step: int = 0, tracking=None, config: dict | None = None):
+                 enabled: bool, resumed_step: int = 0, tracking: TrackingSpec | None = None,
+                 config: dict[str, Any] | None = None) -> None:
         self.enabled = enabled
         self.output = output
         self.metrics_path = output / "metrics.jsonl"
         self.eval_path = output / "eval.jsonl"
-        self._tb = None
-        self._gauges = {}
-        self._checkpoint_info = None
-        self._phase = None
-        self._heartbeat = None
-        self.port = None
-        self._trackers = None
+        self._tb: SummaryWriter | None = None
+        # A labelled gauge, or (gauge, its base labels) for one with a further label (lang, rank, node).
+        self._gauges: dict[str, Any] = {}
+        self._checkpoint_info: Info | None = None
+        self._phase: Gauge | None = None
+        self._heartbeat: Gauge | None = None
+        self.port: int | None = None
+        self._trackers: Trackers | None = None
         if not enabled:
             return
         output.mkdir(parents=True, exist_ok=True)
@@ -156,7 +164,7 @@ class Telemetry:
         self.port = server.server_port
         log.info("metrics on :%d/metrics", self.port)
 
-    def _set(self, key: str, value) -> None:
+    def _set(self, key: str, value: float | None) -> None:
         g = self._gauges.get(key)
         if g is not None and value is not None and not isinstance(g, tuple):
             g.set(value)
@@ -173,7 +181,7 @@ class Telemetry:
             self._heartbeat.set_to_current_time()
 
     @contextmanager
-    def phase(self, name: str):
+    def phase(self, name: str) -> Iterator[None]:
         """rosetta_phase says `name` while the block runs, then `train` again."""
         self._set_phase(name)
         try:
@@ -182,7 +190,7 @@ class Telemetry:
             self._set_phase("train")
 
     # ------------------------------------------------------------------ sinks
-    def log_step(self, record: dict) -> None:
+    def log_step(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
         with self.metrics_path.open("a") as fh:
@@ -207,14 +215,14 @@ class Telemetry:
             for node, value in record["node_tokens_per_s"].items():
                 gauge.labels(**labels, node=node).set(value)
 
-    def log_event(self, record: dict) -> None:
+    def log_event(self, record: dict[str, Any]) -> None:
         """Something a person must be able to find later (a skipped non-finite step): events.jsonl."""
         if not self.enabled:
             return
         with (self.output / "events.jsonl").open("a") as fh:
             fh.write(json.dumps(_clean(record)) + "\n")
 
-    def log_eval(self, record: dict) -> None:
+    def log_eval(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
         with self.eval_path.open("a") as fh:
@@ -244,7 +252,7 @@ class Telemetry:
                         gauge.labels(**labels, lang=lang).set(s[metric])
                 self._log_gender(lang, s.get("gender") or {})
 
-    def _log_gender(self, lang: str, gender: dict) -> None:
+    def _log_gender(self, lang: str, gender: dict[str, Any]) -> None:
         """MT-GenEval's figures for one target language (scoring.gender_scores), where people look."""
         for key, field in (("eval_gender_gap_bleu", "gender_gap_bleu"), ("eval_gender_gap_accuracy", "gender_gap_accuracy"),
                            ("eval_gender_accuracy", "accuracy")):
@@ -257,7 +265,7 @@ class Telemetry:
                     gauge, labels = self._gauges[key]
                     gauge.labels(**labels, lang=lang, gender=g).set(gender[prefix + g])
 
-    def set_static(self, **values) -> None:
+    def set_static(self, **values: float | None) -> None:
         for key, value in values.items():
             self._set(key, value)
 
@@ -268,7 +276,7 @@ class Telemetry:
         if self._checkpoint_info is not None:
             self._checkpoint_info.info({"path": str(path)})
 
-    def log_rank_values(self, key: str, values: list[float | None]) -> None:
+    def log_rank_values(self, key: str, values: Sequence[float | None]) -> None:
         """One figure per rank (index = rank), e.g. gpu_memory_bytes; None: nothing to report."""
         entry = self._gauges.get(key)
         if entry is None:
@@ -278,7 +286,7 @@ class Telemetry:
             if value is not None:
                 gauge.labels(**labels, rank=str(rank)).set(value)
 
-    def write_summary(self, summary: dict) -> Path | None:
+    def write_summary(self, summary: dict[str, Any]) -> Path | None:
         if not self.enabled:
             return None
         path = self.output / "summary.json"

@@ -19,6 +19,7 @@ import os
 import re
 import socket
 from pathlib import Path
+from typing import Any, Callable, Literal, Union
 from urllib.parse import urlparse
 
 from rosetta_contract.evaluation_fields import MlflowSpec, TrackingSpec, WandbSpec
@@ -34,7 +35,7 @@ STEP_METRICS = {"loss": "loss/train", "val_loss": "loss/validation", "lr": "opti
 EVAL_METRICS = ("loss", "bleu", "chrf", "rouge1", "rouge2", "rougeL")
 
 
-def eval_metrics(record: dict) -> dict[str, float]:
+def eval_metrics(record: dict[str, Any]) -> dict[str, float]:
     """`validation/bleu`, `validation/bleu_de`, ...: the names Telemetry gives TensorBoard."""
     split = record.get("split", "validation")
     out = {f"{split}/{m}": record[m] for m in EVAL_METRICS if isinstance(record.get(m), (int, float))}
@@ -45,11 +46,11 @@ def eval_metrics(record: dict) -> dict[str, float]:
     return out
 
 
-def step_metrics(record: dict) -> dict[str, float]:
+def step_metrics(record: dict[str, Any]) -> dict[str, float]:
     return {name: record[key] for key, name in STEP_METRICS.items() if isinstance(record.get(key), (int, float))}
 
 
-def flatten(value, prefix: str = "") -> dict[str, str]:
+def flatten(value: Any, prefix: str = "") -> dict[str, str]:
     """The spec as MLflow params: `training.lr: 0.0005`, lists as JSON. MLflow refuses a key with
     other characters than letters, digits, `_ - . / ` and space (a DeepSpeed override's key may
     have them) and a value over 6,000 characters."""
@@ -74,7 +75,7 @@ def reachable(url: str, timeout: float = 3.0) -> bool:
         return False
 
 
-def wandb_mode(spec: WandbSpec) -> tuple[str, str]:
+def wandb_mode(spec: WandbSpec) -> tuple[Literal["online", "offline"], str]:
     """("online" | "offline", why)."""
     if os.environ.get("WANDB_MODE") in ("offline", "dryrun", "disabled"):
         return "offline", f"WANDB_MODE={os.environ['WANDB_MODE']}"
@@ -91,7 +92,8 @@ def wandb_mode(spec: WandbSpec) -> tuple[str, str]:
 class WandbTracker:
     name = "wandb"
 
-    def __init__(self, spec: WandbSpec, *, output: Path, run_name: str, config: dict, resume_id: str | None):
+    def __init__(self, spec: WandbSpec, *, output: Path, run_name: str, config: dict[str, Any],
+                 resume_id: str | None) -> None:
         try:
             import wandb
         except ImportError:
@@ -115,7 +117,7 @@ class WandbTracker:
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)
 
-    def summary(self, values: dict) -> None:
+    def summary(self, values: dict[str, Any]) -> None:
         self.run.summary.update(values)
 
     def close(self) -> None:
@@ -130,8 +132,8 @@ class WandbTracker:
 class MlflowTracker:
     name = "mlflow"
 
-    def __init__(self, spec: MlflowSpec, *, output: Path, run_name: str, experiment: str, params: dict,
-                 resume_id: str | None):
+    def __init__(self, spec: MlflowSpec, *, output: Path, run_name: str, experiment: str, params: dict[str, Any],
+                 resume_id: str | None) -> None:
         try:
             import mlflow
         except ImportError:
@@ -166,7 +168,7 @@ class MlflowTracker:
         now = int(time.time() * 1000)
         self.client.log_batch(self.id, metrics=[self._metric(k, float(v), now, step) for k, v in metrics.items()])
 
-    def summary(self, values: dict) -> None:
+    def summary(self, values: dict[str, Any]) -> None:
         tags = {k: str(v) for k, v in values.items() if v is not None}
         for key, value in tags.items():
             self.client.set_tag(self.id, key, value)
@@ -175,29 +177,33 @@ class MlflowTracker:
         self.client.set_terminated(self.id)
 
 
+Tracker = Union["WandbTracker", "MlflowTracker"]
+
+
 class Trackers:
     """Every tracker of spec.tracking; a tracker that fails is logged and dropped, never the run."""
 
-    def __init__(self, trackers: list):
+    def __init__(self, trackers: list[Tracker]) -> None:
         self.trackers = trackers
 
     @classmethod
-    def start(cls, spec: TrackingSpec, *, output: Path, name: str, config: dict, resumed: bool) -> "Trackers":
+    def start(cls, spec: TrackingSpec, *, output: Path, name: str, config: dict[str, Any], resumed: bool) -> "Trackers":
         ids_path = output / IDS_FILE
-        ids = {}
+        ids: dict[str, str] = {}
         if resumed and ids_path.is_file():
             try:
                 ids = json.loads(ids_path.read_text())
             except (OSError, ValueError):
                 ids = {}
-        starts = []
-        if spec.wandb is not None:
-            starts.append(("wandb", lambda: WandbTracker(spec.wandb, output=output, run_name=name, config=config,
+        starts: list[tuple[str, Callable[[], Tracker]]] = []
+        wandb_spec, mlflow_spec = spec.wandb, spec.mlflow
+        if wandb_spec is not None:
+            starts.append(("wandb", lambda: WandbTracker(wandb_spec, output=output, run_name=name, config=config,
                                                          resume_id=ids.get("wandb"))))
-        if spec.mlflow is not None:
-            starts.append(("mlflow", lambda: MlflowTracker(spec.mlflow, output=output, run_name=name, experiment=name,
+        if mlflow_spec is not None:
+            starts.append(("mlflow", lambda: MlflowTracker(mlflow_spec, output=output, run_name=name, experiment=name,
                                                            params=config, resume_id=ids.get("mlflow"))))
-        trackers = []
+        trackers: list[Tracker] = []
         for tracker_name, start in starts:
             try:
                 trackers.append(start())
@@ -210,7 +216,7 @@ class Trackers:
             ids_path.write_text(json.dumps({t.name: t.id for t in trackers}) + "\n")
         return cls(trackers)
 
-    def _each(self, method: str, *args) -> None:
+    def _each(self, method: str, *args: Any) -> None:
         for tracker in list(self.trackers):
             try:
                 getattr(tracker, method)(*args)
@@ -218,17 +224,17 @@ class Trackers:
                 log.warning("%s: %s failed (%s); no more logging to it in this run", tracker.name, method, exc)
                 self.trackers.remove(tracker)
 
-    def log_step(self, record: dict) -> None:
+    def log_step(self, record: dict[str, Any]) -> None:
         metrics = step_metrics(record)
         if metrics:
             self._each("log", metrics, record["step"])
 
-    def log_eval(self, record: dict) -> None:
+    def log_eval(self, record: dict[str, Any]) -> None:
         metrics = eval_metrics(record)
         if metrics:
             self._each("log", metrics, record["step"])
 
-    def summary(self, values: dict) -> None:
+    def summary(self, values: dict[str, Any]) -> None:
         self._each("summary", values)
 
     def close(self) -> None:
