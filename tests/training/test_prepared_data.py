@@ -16,7 +16,7 @@ from rosetta_contract.exits import TERMINATION_LOG_ENV
 from rosetta_trainer.checkpoints.checkpoint import latest_checkpoint
 from rosetta_trainer.commands.train import train_from_file
 from rosetta_trainer.data.batching import encode
-from rosetta_trainer.preparation import shards
+from rosetta_trainer.preparation import prepare_data, shards
 from support.training import TINY, deep_update, read_jsonl
 
 pytestmark = pytest.mark.slow
@@ -36,7 +36,7 @@ def test_prepare_then_train_maps_and_matches_the_in_memory_run(write_config, tmp
     n = 10
     cfg = str(write_config())
     with monkeypatch.context() as m:
-        m.setattr(shards, "prepare_corpus", in_memory)
+        m.setattr(prepare_data, "prepare_corpus", in_memory)  # where the first start calls it
         straight = tmp_path / "in-memory"
         train_from_file(cfg, str(straight), overrides=[f"spec.training.maxSteps={2 * n}"], progress=False)
     assert not (straight / shards.PREPARED_DIR).exists()
