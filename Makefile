@@ -33,10 +33,12 @@ test-fast: install
 	$(PY) -m pytest -n 2 --dist loadgroup -m "not slow and not cluster"
 
 # Style and import order (ruff), and the layers: the contract imports neither side, and the trainer and
-# the operator do not import each other (import-linter; docs/architecture.md).
+# the operator do not import each other (import-linter; docs/architecture.md); no import cycle (imports
+# inside functions too), no private name used across modules, no module over 450 lines.
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/pytest -q tests/unit/project/test_import_graph.py tests/unit/project/test_module_sizes.py
 
 # mypy with pydantic's plugin, strict (pyproject.toml's overrides), over every package: the contract
 # both sides build on, the operator, the trainer and the command line.

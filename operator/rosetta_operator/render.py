@@ -15,7 +15,8 @@ import posixpath
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from rosetta_contract.spec import TrainingMetadata, TranslationTraining, TranslationTrainingSpec, dump_training
+from rosetta_contract.saved_training import dump_training
+from rosetta_contract.spec import TrainingMetadata, TranslationTraining, TranslationTrainingSpec
 from rosetta_contract.strict_model import ConfigError, clip
 from rosetta_contract.trainer_pod import is_under
 from rosetta_operator.failure_policies import failure_policy, pod_failure_policy

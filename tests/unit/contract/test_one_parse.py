@@ -11,13 +11,8 @@ import pytest
 from rosetta_contract import strict_yaml
 from rosetta_contract.config import TrainerSpec, TrainingDocument
 from rosetta_contract.documents import parse_document, read_yaml
-from rosetta_contract.spec import (
-    TranslationTraining,
-    TranslationTrainingSpec,
-    dump_training,
-    load_saved,
-    parse_for_trainer,
-)
+from rosetta_contract.saved_training import dump_training, load_saved
+from rosetta_contract.spec import TranslationTraining, TranslationTrainingSpec, parse_for_trainer
 from rosetta_contract.strict_model import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]

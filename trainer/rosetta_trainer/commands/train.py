@@ -58,7 +58,7 @@ def train(document: TranslationTraining, output: Path, progress: bool = True) ->
     import transformers
 
     from rosetta_contract import final_result
-    from rosetta_contract.spec import dump_training
+    from rosetta_contract.saved_training import dump_training
     from rosetta_trainer.checkpoints import checkpoint as ckpt
     from rosetta_trainer.checkpoints.deepspeed_checkpoints import is_deepspeed_checkpoint
     from rosetta_trainer.engine.deepspeed_backend import partitioned_loading

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from rosetta_contract.config import TrainerSpec
-from rosetta_contract.spec import load_saved
+from rosetta_contract.saved_training import load_saved
 from rosetta_trainer.models.tokenization import load_tokenizer
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rosetta_contract.config import TrainerSpec
-from rosetta_contract.spec import load_saved
+from rosetta_contract.saved_training import load_saved
 from rosetta_contract.strict_model import ConfigError
 from rosetta_trainer.checkpoints.averaging import AVERAGED_DIR
 from rosetta_trainer.checkpoints.checkpoint import best_by_score, checkpoint_score, complete_checkpoints, read_meta
