@@ -1,25 +1,20 @@
 """Running a parsed command of `rosetta` or `python -m rosetta_trainer`: an expected error becomes
-one line on stderr and its exit status (exits.py), never a traceback.
-
-Each side adds its commands to the one parser (rosetta_cli); a command that must also say why it
-stopped where someone else reads it (the trainer's, in a pod: the termination message the operator
-and the launcher read) sets `report_failure` among its parser's defaults."""
+one line on stderr and its exit status (exits.py), never a traceback; in a pod, its failure class
+also becomes the termination message (termination.py) that the operator and the launcher read,
+whichever side's command it was (`rosetta validate` checks data in pods too)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable, Optional
 
 from rosetta_contract.exits import error_message, exit_status
 from rosetta_contract.failures import EXIT_CLASSES
+from rosetta_contract.termination import write_termination_message
 
-ReportFailure = Callable[[str, str], None]  # (the failure class, the message)
 
-
-def dispatch(args: argparse.Namespace, report_failure: Optional[ReportFailure] = None) -> int:
-    """Run args.func; an error with a known exit status is printed as one line and returned, with
-    its failure class reported where the command (or the caller, as a default) asks for it."""
+def dispatch(args: argparse.Namespace) -> int:
+    """Run args.func; an error with a known exit status is printed as one line and returned."""
     try:
         return int(args.func(args) or 0)
     except Exception as exc:
@@ -29,7 +24,6 @@ def dispatch(args: argparse.Namespace, report_failure: Optional[ReportFailure] =
         message = error_message(exc, status)
         print(f"error: {message}", file=sys.stderr)
         failure_class = EXIT_CLASSES.get(status)
-        report = getattr(args, "report_failure", None) or report_failure
-        if failure_class is not None and report is not None:
-            report(failure_class, message)
+        if failure_class is not None:
+            write_termination_message(failure_class, message)
         return status

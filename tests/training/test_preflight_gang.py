@@ -1,5 +1,5 @@
 """The pre-flight check for real (trainer/rosetta_trainer/runtime/preflight.py): two ranks, each on a 'node' of
-its own (ROSETTA_NODE_NAME), over gloo, through the trainer's own error handling (cli.dispatch), so that
+its own (ROSETTA_NODE_NAME), over gloo, through the commands' own error handling (command_dispatch), so that
 the exit status and the termination message are the ones a pod leaves; and the trainer itself, which
 runs it before any other work."""
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 RANK = """
 import argparse, logging, sys
 from rosetta_contract.fault_tolerance_fields import PreflightSpec
-from rosetta_trainer.commands.cli import dispatch
+from rosetta_contract.command_dispatch import dispatch
 from rosetta_trainer.runtime.distributed import close, init_world
 from rosetta_trainer.runtime.preflight import run_preflight
 

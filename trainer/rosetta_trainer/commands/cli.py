@@ -12,7 +12,6 @@ import sys
 from rosetta_contract import __version__, command_dispatch
 from rosetta_contract.document_arguments import add_document_arguments
 from rosetta_trainer.commands.arguments import add_generation_arguments, count
-from rosetta_trainer.runtime.termination import write_termination_message
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -20,19 +19,19 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     add_document_arguments(p)
     p.add_argument("-o", "--output", help="output directory (default: runs/<metadata.name>)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=_cmd_train, report_failure=write_termination_message)
+    p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("prepare", help="tokenize the training data once into <output>/prepared/ (train maps it)")
     add_document_arguments(p)
     p.add_argument("-o", "--output", help="output directory of the training (default: runs/<metadata.name>)")
     p.add_argument("--workers", type=int, help="tokenizing processes (default: one per core)")
-    p.set_defaults(func=_cmd_prepare, report_failure=write_termination_message)
+    p.set_defaults(func=_cmd_prepare)
 
     p = sub.add_parser("stage", help="copy model.source and data.source into place (before training, once)")
     add_document_arguments(p)
     p.add_argument("--prepare", metavar="OUTPUT",
                    help="then tokenize the training data into OUTPUT/prepared/, as `prepare -o OUTPUT` does")
-    p.set_defaults(func=_cmd_stage, report_failure=write_termination_message)
+    p.set_defaults(func=_cmd_stage)
 
     p = sub.add_parser("evaluate", help="evaluate a saved checkpoint, exported or pretrained model")
     p.add_argument("--checkpoint", help="checkpoint or model directory (with --pick: the checkpoint directory "
@@ -48,7 +47,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--max-samples", type=int)
     p.add_argument("--output", help="write the scores (JSON) and hypotheses here")
     add_generation_arguments(p)
-    p.set_defaults(func=_cmd_evaluate, report_failure=write_termination_message)
+    p.set_defaults(func=_cmd_evaluate)
 
     p = sub.add_parser("translate", help="translate text with a saved checkpoint")
     p.add_argument("--checkpoint", required=True,
@@ -56,7 +55,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("text", nargs="*", help="sentences (default: one per line on stdin)")
     p.add_argument("--target-lang", help="target language of a multilingual model")
     add_generation_arguments(p)
-    p.set_defaults(func=_cmd_translate, report_failure=write_termination_message)
+    p.set_defaults(func=_cmd_translate)
 
     p = sub.add_parser("average", help="average the weights of the last or best N checkpoints")
     p.add_argument("--checkpoints", required=True, metavar="DIR", help="checkpoint directory (holding step-* dirs)")
@@ -64,21 +63,21 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     which.add_argument("--last", type=count(1), metavar="N", help="the N newest complete checkpoints")
     which.add_argument("--best", type=count(1), metavar="N", help="the N with the best validation score")
     p.add_argument("-o", "--output", required=True, help="directory for the averaged model")
-    p.set_defaults(func=_cmd_average, report_failure=write_termination_message)
+    p.set_defaults(func=_cmd_average)
 
     p = sub.add_parser("export", help="convert a checkpoint for serving (CTranslate2)")
     p.add_argument("--checkpoint", required=True, help="checkpoint, averaged or exported model directory")
     p.add_argument("--format", required=True, choices=["ctranslate2", "onnx"])
     p.add_argument("--quantization", help="CTranslate2 weight type, e.g. int8, int8_float16, float16 (default: as saved)")
     p.add_argument("-o", "--output", required=True, help="directory for the exported model")
-    p.set_defaults(func=_cmd_export, report_failure=write_termination_message)
+    p.set_defaults(func=_cmd_export)
 
     p = sub.add_parser("plan", help="will it fit? GPU and node memory under DDP and each ZeRO stage")
     add_document_arguments(p)
     p.add_argument("--gpu-memory", metavar="SIZE",
                    help="memory of one GPU, e.g. 80GiB (default: from the network profile or node selector)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
-    p.set_defaults(func=_cmd_plan, report_failure=write_termination_message)
+    p.set_defaults(func=_cmd_plan)
 
 
 # Each command's module is imported when the command runs: most load torch, which `rosetta --help`,
@@ -157,14 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def dispatch(args: argparse.Namespace) -> int:
-    """The contract's dispatch, reporting a failure class as the pod's termination message for
-    commands that did not say otherwise (a pod's `python -m rosetta_trainer`, the tests)."""
-    return command_dispatch.dispatch(args, write_termination_message)
-
-
 def main(argv: list[str] | None = None) -> int:
-    return dispatch(build_parser().parse_args(argv))
+    return command_dispatch.dispatch(build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

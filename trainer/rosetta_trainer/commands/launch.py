@@ -37,8 +37,8 @@ from rosetta_contract.failures import (
     attempt_log_path,
     parse_termination_message,
 )
+from rosetta_contract.termination import write_termination_message
 from rosetta_trainer.runtime.cgroup_memory import cgroup_dir, memory_figures, oom_kills, oom_message
-from rosetta_trainer.runtime.termination import write_termination_message
 
 OUTPUT_ENV = "ROSETTA_OUTPUT"
 CONFIG_ENV = "ROSETTA_CONFIG"

@@ -39,10 +39,10 @@ from typing import Any, Iterable, Iterator
 from rosetta_contract.data_fields import REQUIRED_BY_FORMAT, DataSpec
 from rosetta_contract.failures import FailureClass
 from rosetta_contract.languages import task_prefix
+from rosetta_contract.termination import write_termination_message
 from rosetta_trainer.data.examples import DataError, Example
 from rosetta_trainer.data.reader import iter_source
 from rosetta_trainer.preparation.dedup import SeenDigests, first_occurrences, pair_digest
-from rosetta_trainer.runtime.termination import write_termination_message
 
 FILTERS = ("empty", "length_ratio", "test_overlap", "duplicate")
 EVAL_SPLITS = ("validation", "test")
@@ -265,5 +265,5 @@ def needs_checking(data: DataSpec) -> bool:
 
 def report_data_invalid(error: DataError) -> None:
     """Leave the error where Kubernetes keeps it after the container exits: the termination
-    message, `DataInvalid: <error>` (termination.py says where and when)."""
+    message, `DataInvalid: <error>` (rosetta_contract.termination says where and when)."""
     write_termination_message(FailureClass.DATA_INVALID, str(error))

@@ -1,5 +1,5 @@
 """Every error the trainer classifies leaves `<Class>: <message>` in its pod's termination message, which
-the operator reads and the pod's launcher exits with (rosetta_contract.failures, termination.py)."""
+the operator reads and the pod's launcher exits with (rosetta_contract.failures, rosetta_contract.termination)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import os
 import pytest
 import torch
 
+from rosetta_contract.command_dispatch import dispatch
 from rosetta_contract.exits import MAX_TERMINATION_MESSAGE, TERMINATION_LOG_ENV, TERMINATION_PREFIX
 from rosetta_contract.failures import CLASS_EXITS, FailureClass, parse_termination_message
 from rosetta_contract.strict_model import ConfigError
-from rosetta_trainer.commands.cli import dispatch
 from rosetta_trainer.data.examples import DataError
 from rosetta_trainer.engine.loop import NonFiniteError
 from rosetta_trainer.preparation.data_checks import report_data_invalid

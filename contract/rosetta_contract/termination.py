@@ -1,7 +1,6 @@
-"""The termination message: the one line a trainer pod leaves, as `<Class>: <what happened>`, for the
-kubelet to keep after the container exits, the operator to read and the pod's launcher to exit with
-the class's code (rosetta_contract.failures, launch.py). Torch-free.
-"""
+"""The termination message: the one line a pod leaves, as `<Class>: <what happened>`, for the kubelet
+to keep after the container exits, the operator to read and the pod's launcher to exit with the
+class's code (failures.py). Any command run in a pod leaves it (command_dispatch), whichever side's."""
 
 from __future__ import annotations
 
