@@ -38,8 +38,10 @@ def test_an_image_the_kubelet_cannot_pull_fails_the_training_naming_it(node_clus
     assert IMAGE in failed["message"] and IMAGE in got["message"]
     (attempt,) = got["attempts"]
     assert attempt["reason"] == "ImagePullFailed" and attempt["pod"] and IMAGE in attempt["message"]
-    # Stopped, not left pulling: the JobSet is suspended and its pods go.
-    assert jobset(node_cluster, node_namespace, name)["spec"]["suspend"] is True
+    # Stopped, not left pulling: the JobSet is suspended (once the failed status is written: the
+    # operator acts after its write lands) and its pods go.
+    wait_for(lambda: jobset(node_cluster, node_namespace, name)["spec"].get("suspend") is True,
+             f"JobSet {name} suspended", timeout=30)
     wait_for(lambda: not [p for p in node_cluster.core.list_namespaced_pod(node_namespace).items
                           if p.metadata.labels.get("jobset.sigs.k8s.io/jobset-name") == name],
              "the gang's pods gone", timeout=120)
