@@ -87,14 +87,9 @@ def job_first_start(work: Path, workers: int, original: bool = False) -> dict:
     sampler = Sampler()
     sampler.start()
     before = _memory()
-    baseline, seconds, clock, cpu = sampler.rss(), {}, time.perf_counter(), _cpu()
+    baseline, cpu = sampler.rss(), _cpu()
 
-    def enter(phase: str) -> None:
-        nonlocal clock
-        now = time.perf_counter()
-        seconds[sampler.phase] = round(now - clock, 2)
-        clock = now
-        sampler.enter(phase)
+    enter, seconds = sampler.enter, sampler.seconds
 
     enter(HELD_OUT)
     identity = data_identity(d, use_prefix=spec.uses_task_prefix())

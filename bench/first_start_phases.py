@@ -165,12 +165,14 @@ def measured(phase, work: Path) -> dict:
 
 
 class Sampler(threading.Thread):
-    """The process's RSS every 10 ms, its peak kept per named phase."""
+    """The process's RSS every 10 ms, its peak and its seconds kept per named phase."""
 
     def __init__(self):
         super().__init__(daemon=True)
         self.page = os.sysconf("SC_PAGE_SIZE")
         self.phase, self.peaks, self.running = "imports", {}, True
+        self.seconds: dict[str, float] = {}
+        self._clock = time.perf_counter()
 
     def rss(self) -> int:
         with open("/proc/self/statm") as fh:
@@ -186,6 +188,9 @@ class Sampler(threading.Thread):
         self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), rss)
 
     def enter(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.seconds[self.phase] = round(now - self._clock, 2)
+        self._clock = now
         self.mark_peak()
         self.phase = phase
         self.mark_peak()
@@ -203,14 +208,9 @@ def one_start(work: Path) -> dict:
 
     spec = _spec(work)
     d, b = spec.data, spec.training.batch
-    baseline, seconds, clock = sampler.rss(), {}, time.perf_counter()
+    baseline = sampler.rss()
 
-    def enter(phase: str) -> None:
-        nonlocal clock
-        now = time.perf_counter()
-        seconds[sampler.phase] = round(now - clock, 2)
-        clock = now
-        sampler.enter(phase)
+    enter, seconds = sampler.enter, sampler.seconds
 
     enter(READ_HELD_OUT)
     text = read_checked(d, read_train=False).training_text.pairs(spec.uses_task_prefix())
