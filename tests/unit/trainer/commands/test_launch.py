@@ -108,7 +108,7 @@ def test_cuda_out_of_memory_under_torchrun_is_the_pods_exit_80(tmp_path):
     worker = tmp_path / "worker.py"
     worker.write_text(textwrap.dedent("""
         import argparse, sys, torch
-        from rosetta_trainer.commands.cli import dispatch
+        from rosetta_contract.command_dispatch import dispatch
 
         def train(args):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB.")
