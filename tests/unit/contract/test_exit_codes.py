@@ -126,8 +126,8 @@ def test_other_errors_are_not_collective_timeouts(exc):
 
 
 def test_the_train_command_exits_75_on_a_collective_timeout(monkeypatch, capsys):
-    from rosetta_trainer.commands import train as trainer_main
     from rosetta_contract.command_dispatch import dispatch
+    from rosetta_trainer.commands import train as trainer_main
     from rosetta_trainer.commands.cli import build_parser
 
     def hung(*_, **__):
