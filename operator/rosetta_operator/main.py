@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(getattr(args, "log_level", None) or "info", getattr(args, "log_format", None) or "text")
     memo = kopf.Memo(allow_host_path=bool(args.allow_host_path), metrics_port=int(args.metrics_port or 0),
                      progress_interval=float(getattr(args, "progress_interval", 0) or 0), policy=policy,
+                     quota_retry=float(getattr(args, "quota_retry", 0) or 0),
                      default_image=getattr(args, "default_image", None) or None)
     kopf.run(
         clusterwide=clusterwide,

@@ -347,7 +347,7 @@ def test_a_jobset_over_quota_waits_for_room(live_cluster, live_namespace):
     doc = small_training(ns, "crowded")
     provision(live_cluster, ns, doc)
 
-    with operator(live_cluster, ns) as op:
+    with operator(live_cluster, ns, "--quota-retry", "3") as op:
         live_cluster.create_training(ns, doc)
         created = wait_for(lambda: (c := condition(live_cluster, ns, "crowded", "Created")) and c, "Created")
         assert (created["status"], created["reason"]) == ("False", "QuotaExceeded")
@@ -355,10 +355,10 @@ def test_a_jobset_over_quota_waits_for_room(live_cluster, live_namespace):
         assert status(live_cluster, ns, "crowded")["phase"] == "Pending"
         one_warning(live_cluster, ns, "crowded", "QuotaExceeded")
 
-        # Room again: the retry (every 30 s) creates it, with no spec change.
+        # Room again: the retry (--quota-retry, 30 s unless set) creates it, with no spec change.
         live_cluster.core.patch_namespaced_resource_quota("jobsets", ns, {"spec": {"hard": {
             f"count/{JS_PLURAL}.{JS_GROUP}": "1"}}})
-        wait_for(lambda: has_jobset(live_cluster, ns, "crowded"), "the JobSet once the quota has room", 60)
+        wait_for(lambda: has_jobset(live_cluster, ns, "crowded"), "the JobSet once the quota has room", 30)
         wait_for(lambda: (condition(live_cluster, ns, "crowded", "Created") or {}).get("status") == "True",
                  "Created=True")
         assert op.reconciles().get("quota", 0) >= 1

@@ -58,7 +58,6 @@ from rosetta_operator.conditions import (
 from rosetta_operator.decide import decide_status
 from rosetta_operator.evaluation_job import required_evaluation_job
 from rosetta_operator.handlers.evaluation import start_evaluation
-from rosetta_operator.handlers.startup import QUOTA_RETRY_DELAY
 from rosetta_operator.jobset_status import jobset_finished, jobset_succeeded, queue_of
 from rosetta_operator.names import TRAINING_LABEL
 from rosetta_operator.observation import Seen, gather
@@ -125,7 +124,7 @@ def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str, uid: 
                 raise  # transient (409 after a race, 429, 5xx, RBAC being fixed): kopf retries
             report_refused(api, body, f"the API refused {child}: {refusal.message}", refusal.reason, logger)
             if refusal.reason == Reason.QUOTA_EXCEEDED:
-                raise Wait(f"{child}: {refusal.message}", "quota", delay=QUOTA_RETRY_DELAY) from None
+                raise Wait(f"{child}: {refusal.message}", "quota", delay=memo.quota_retry) from None
             record_outcome("rejected")
             return  # for good: the next reconcile is the next edit of the spec (or an operator restart)
         logger.info("created JobSet %s and ConfigMap %s", jobset_name, rendered.names.configmap)

@@ -34,11 +34,12 @@ from rosetta_operator.scheduling_status import UnschedulablePods
 # is refused with its field by spec.plain, which bounds the depth at strict_yaml.MAX_DEPTH.
 sys.setrecursionlimit(max(sys.getrecursionlimit(), 25_000))
 
-# Env knobs: the CLI flags --allow-host-path, --policy and --progress-interval reach kopf through memo,
+# Env knobs: the CLI flags --allow-host-path, --policy, --progress-interval and --quota-retry reach kopf through memo,
 # `kopf run` through these.
 ALLOW_HOST_PATH_ENV = "ROSETTA_ALLOW_HOST_PATH"
 POLICY_ENV = "ROSETTA_POLICY"
 PROGRESS_INTERVAL_ENV = "ROSETTA_PROGRESS_INTERVAL"
+QUOTA_RETRY_ENV = "ROSETTA_QUOTA_RETRY"
 # The trainer image of a spec without spec.image (the chart's trainer.image); unset: the spec's own
 # default, DEFAULT_IMAGE.
 DEFAULT_IMAGE_ENV = "ROSETTA_DEFAULT_IMAGE"
@@ -103,6 +104,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
     # How often the progress daemon scrapes each active training's rank 0.
     memo.progress_interval = float(memo.get("progress_interval")
                                    or os.environ.get(PROGRESS_INTERVAL_ENV) or DEFAULT_PROGRESS_INTERVAL)
+    memo.quota_retry = float(memo.get("quota_retry") or os.environ.get(QUOTA_RETRY_ENV) or QUOTA_RETRY_DELAY)
     memo.default_image = memo.get("default_image") or os.environ.get(DEFAULT_IMAGE_ENV) or None
     # The phase gauge is rebuilt from the watch's initial listing: forget an earlier run's view.
     reset_phase_gauges()

@@ -10,7 +10,7 @@ import pytest
 from kubernetes.client.rest import ApiException
 
 from rosetta_contract.resource import Phase
-from rosetta_operator import api_calls, handlers
+from rosetta_operator import api_calls
 from rosetta_operator.conditions import ConditionType, Reason, condition
 from support.handler_api import NAME, memo, reconcile, training
 
@@ -114,10 +114,11 @@ def test_a_quota_refusal_is_retried_with_one_warning(api, warnings):
     attempts = refuse(api, "jobsets", error(403, QUOTA))
     training(api)
     m = memo(api)
+    m.quota_retry = 7.0  # --quota-retry
     for _ in range(3):
         with pytest.raises(kopf.TemporaryError) as exc:
             reconcile(api, m)
-        assert exc.value.delay == handlers.QUOTA_RETRY_DELAY
+        assert exc.value.delay == 7.0
     status = api.get("translationtrainings", NAME)["status"]
     assert attempts == [3]
     assert status["phase"] == Phase.PENDING

@@ -28,8 +28,8 @@ SPEC = {**copy.deepcopy(BASE), "nodes": 2, "volumes": SHARED_CHECKPOINTS}  # the
 
 
 @pytest.fixture
-def configured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """The startup hook's settings, as `kopf run` gets them (its API client is never used here)."""
+def configure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The startup hook, as `kopf run` calls it (its API client is never used here): memo -> settings."""
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "unit",
@@ -39,10 +39,33 @@ def configured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     }))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
-    settings, memo = kopf.OperatorSettings(), kopf.Memo()
-    handlers.configure(settings=settings, memo=memo, logger=logging.getLogger(__name__))
-    yield settings
-    memo.api_client.close()
+    memos = []
+
+    def run(given: kopf.Memo) -> kopf.OperatorSettings:
+        settings = kopf.OperatorSettings()
+        handlers.configure(settings=settings, memo=given, logger=logging.getLogger(__name__))
+        memos.append(given)
+        return settings
+
+    yield run
+    for given in memos:
+        given.api_client.close()
+
+
+@pytest.fixture
+def configured(configure):
+    return configure(kopf.Memo())
+
+
+def test_the_quota_retry_comes_from_the_flag_else_the_environment(configure, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv(handlers.startup.QUOTA_RETRY_ENV, raising=False)
+    configure(default := kopf.Memo())
+    assert default.quota_retry == handlers.QUOTA_RETRY_DELAY == 30
+    monkeypatch.setenv(handlers.startup.QUOTA_RETRY_ENV, "5")  # `kopf run`
+    configure(from_env := kopf.Memo())
+    assert from_env.quota_retry == 5
+    configure(from_flag := kopf.Memo(quota_retry=2.5))  # `rosetta operator --quota-retry 2.5`
+    assert from_flag.quota_retry == 2.5
 
 
 def registered(handler_id: str):
