@@ -3,7 +3,9 @@ and minutes, and the run's wall time, so that `make test` says where its time we
 
 A tier is the folder under tests/ (unit, training, cluster, ...); a test's time is its setup, call
 and teardown, so a session fixture's first use (a cluster, an image build) counts in the tier of the
-test that paid for it.
+test that paid for it. Under xdist it also gives the minutes of each shared group (tests/conftest.py's
+XDIST_GROUPS: one worker runs a group from start to end, so the longest group is a floor under the
+wall time) and of each worker (how evenly the rest filled around them).
 """
 
 from __future__ import annotations
@@ -22,11 +24,19 @@ class TierTimes:
         self.started = time.monotonic()
         self.seconds: dict[str, float] = defaultdict(float)
         self.tests: dict[str, set[str]] = defaultdict(set)
+        self.groups: dict[str, float] = defaultdict(float)
+        self.workers: dict[str, float] = defaultdict(float)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         tier = tier_of(report.nodeid)
         self.seconds[tier] += report.duration
         self.tests[tier].add(report.nodeid)
+        group = group_of(report.nodeid)
+        if group:
+            self.groups[group] += report.duration
+        worker = getattr(getattr(report, "node", None), "gateway", None)
+        if worker is not None:
+            self.workers[worker.id] += report.duration
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if not self.seconds:
@@ -36,11 +46,20 @@ class TierTimes:
             terminalreporter.write_line(f"{tier:<12} {len(self.tests[tier]):>5} tests {self.seconds[tier] / 60:7.1f} min")
         terminalreporter.write_line(f"{'(wall)':<12} {sum(map(len, self.tests.values())):>5} tests "
                                     f"{(time.monotonic() - self.started) / 60:7.1f} min")
+        for title, seconds in (("shared group", self.groups), ("worker", self.workers)):
+            for name in sorted(seconds, key=lambda n: -seconds[n]):
+                terminalreporter.write_line(f"{title} {name:<{23 - len(title)}} {seconds[name] / 60:7.1f} min")
 
 
 def tier_of(nodeid: str) -> str:
     parts = nodeid.split("/")
     return parts[1] if len(parts) > 2 and parts[0] == "tests" else parts[0]
+
+
+def group_of(nodeid: str) -> str:
+    """The shared group xdist's loadgroup appended to the node id (`...::test@node`); "" for a file's own."""
+    _, at, group = nodeid.rpartition("@")
+    return group if at and group.isidentifier() else ""
 
 
 def pytest_configure(config: pytest.Config) -> None:
