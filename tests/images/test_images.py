@@ -119,7 +119,12 @@ def test_build_and_push_to_a_local_registry_and_pull_back(images, local_registry
 
     The layers stay on this engine under the :test tags (removing them would throw away the build
     cache), so `docker pull` fetches the manifests and finds the layers present: that every layer
-    blob is in the registry is checked against the registry's own API instead."""
+    blob is in the registry is checked against the registry's own API instead.
+
+    The registry keeps its blobs between sessions (`local_registry`, tests/images/conftest.py), so
+    the push uploads only the layers that changed since the last session (seconds when none did,
+    not the minutes of gzipping the trainer's GB into an empty registry); the tags of earlier
+    sessions are set aside before it starts, so the tags read here exist only if this push made them."""
     # PIN_BASES=off: the test base exists only in this engine, and a registry must not be asked for it.
     env = {**os.environ, "REGISTRY": local_registry, "TAG": "test", "IMAGE_NAME": "rosetta", "PIN_BASES": "off",
            "BUILD_ARGS": " ".join(f"{k}={v}" for k, v in BUILD_ARGS.items())}
