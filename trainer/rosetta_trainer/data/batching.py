@@ -357,11 +357,32 @@ def iterate(corpus: Corpus, batches: Sequence[list[int]], collation: Collation, 
     # A DataLoader draws its workers' base seed from the global RNG when it starts an iterator,
     # unless it has its own generator. That draw would shift dropout masks after a resume (the
     # iterator starts at a different point in the RNG stream), breaking exact continuation.
-    return iter(torch.utils.data.DataLoader(
+    loader = iter(torch.utils.data.DataLoader(
         remaining, batch_size=None, shuffle=False, num_workers=1, prefetch_factor=4,
         pin_memory=pin_memory, persistent_workers=False, generator=torch.Generator(),
         worker_init_fn=_ignore_termination,
     ))
+    return _settled(loader)
+
+
+def _settled(loader: Iterator[dict[str, torch.Tensor]]) -> Iterator[dict[str, torch.Tensor]]:
+    """The loader's batches; once it ends, its queues' feeder threads have ended too.
+
+    A finished DataLoader closes its index queue, whose feeder thread then exits on its own, a few
+    milliseconds later. The next epoch's loader forks its worker at once: a fork while another thread
+    is ending can leave the child waiting forever on the lock of CPython's thread list
+    (python/cpython#112275, fixed in later releases; Debian 12's 3.11.2 has it), and the whole gang
+    then waits on that rank. Joining the feeder first leaves no thread mid-exit at the next fork."""
+    try:
+        yield from loader
+    finally:
+        shutdown = getattr(loader, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()  # idempotent: ends the worker and closes the queues, if the epoch did not
+        for queue in getattr(loader, "_index_queues", ()):
+            feeder = getattr(queue, "_thread", None)
+            if feeder is not None:
+                feeder.join(timeout=10)
 
 
 def _ignore_termination(worker_id: int) -> None:

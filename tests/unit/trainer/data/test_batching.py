@@ -1,3 +1,5 @@
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -8,6 +10,7 @@ from rosetta_trainer.data.batching import (
     Collation,
     EncodedCorpus,
     collate,
+    iterate,
     plan_epoch,
     rank_batches,
 )
@@ -155,3 +158,21 @@ def test_the_plan_keeps_the_padded_batch_within_the_budget(lengths):
         assert len(b) == 1 or cost <= 1000
     exact = plan_epoch(src, tgt, seed=1, epoch=0, max_tokens=1000)
     assert len(plan) > len(exact)  # padding takes room: more, smaller batches
+
+
+def feeders() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "QueueFeederThread"]
+
+
+def test_no_loader_thread_is_still_ending_when_the_next_epoch_forks():
+    """The next epoch's loader forks at once; a thread then mid-exit can hang the forked worker
+    (batching._settled). Without the join, about a third of epochs ended with the feeder alive."""
+    corpus = EncodedCorpus([[1, 2, 3]] * 40, [[4, 5]] * 40)
+    plan = [[i, i + 1] for i in range(0, 40, 2)]
+    for epoch in range(12):
+        assert len(list(iterate(corpus, plan, Collation(0)))) == len(plan)
+        assert not feeders(), f"epoch {epoch}"
+    batches = iterate(corpus, plan, Collation(0), start=3)
+    next(batches)
+    batches.close()  # a loop that stops mid-epoch (the run's last step) settles it too
+    assert not feeders()
