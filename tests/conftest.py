@@ -14,8 +14,11 @@ kwok nodes instead: there the controllers act, and nothing is played.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import sys
+from pathlib import Path
 from typing import Iterator, Optional
 
 import pytest
@@ -28,6 +31,13 @@ from support.cluster import Cluster, start_control_plane
 # The image fixtures (a docker engine, the built images) serve tests/images, tests/cluster and the
 # node tier alike, so every folder below gets them, as a plugin rather than as names imported here.
 pytest_plugins = ["support.images"]
+
+# DeepSpeed compiles its CPU Adam into torch's extension folder, one per op name: a checkout with its
+# virtualenv at another path writes other include paths into the same build file, and ninja rebuilds
+# it (minutes on two cores) each time the other checkout ran last. A folder per virtualenv keeps
+# each one's build; every process the tests start inherits it.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(
+    Path.home() / ".cache" / "torch_extensions" / f"venv-{hashlib.sha256(sys.prefix.encode()).hexdigest()[:12]}"))
 
 
 @pytest.fixture(scope="session")
