@@ -33,6 +33,7 @@ import torch
 from rosetta_trainer.checkpoints.checkpoint import checkpoint_score, complete_checkpoints, read_meta
 from rosetta_trainer.checkpoints.deepspeed_checkpoints import consolidated_model, is_deepspeed_checkpoint
 from rosetta_trainer.models.models import load_pretrained
+from rosetta_trainer.models.saving import save_pretrained
 from rosetta_trainer.models.tokenization import load_tokenizer
 
 if TYPE_CHECKING:
@@ -144,7 +145,7 @@ def average_checkpoints(checkpoints: list[Path], out: Path, selection: str = "ex
     tmp = out.parent / f".tmp-{out.name}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp / "model", safe_serialization=True)
+    save_pretrained(model, tmp / "model", safe_serialization=True)
     tokenizer = newest / "tokenizer" if (newest / "tokenizer").is_dir() else None
     if tokenizer is not None:
         shutil.copytree(tokenizer, tmp / "tokenizer")

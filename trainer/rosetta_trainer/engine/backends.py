@@ -21,6 +21,7 @@ from rosetta_trainer.engine.deepspeed_backend import DeepSpeedBackend
 from rosetta_trainer.engine.master_weights import MasterWeights
 from rosetta_trainer.engine.optimization import make_optimizer, make_scheduler, param_groups
 from rosetta_trainer.models.losses import logit_chunks
+from rosetta_trainer.models.saving import save_pretrained
 from rosetta_trainer.models.seq2seq_loss import Seq2SeqLoss
 from rosetta_trainer.runtime.distributed import World
 
@@ -250,10 +251,10 @@ class DDPBackend:
         if not self.world.is_main:
             return
         if self.masters is None:
-            self.module.save_pretrained(directory / "model", safe_serialization=True)
+            save_pretrained(self.module, directory / "model", safe_serialization=True)
             return
-        self.module.save_pretrained(directory / "model", safe_serialization=True,
-                                    state_dict=self.masters.state_dict_of(self.module))
+        save_pretrained(self.module, directory / "model", safe_serialization=True,
+                        state_dict=self.masters.state_dict_of(self.module))
         # save_pretrained writes the module's own dtype (bf16) into the config, and from_pretrained
         # loads in the config's dtype: a resumed run must start from the fp32 masters, not their rounding.
         say_float32(directory / "model" / "config.json")
