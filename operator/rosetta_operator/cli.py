@@ -65,8 +65,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                         "default: standalone, one replica")
     p.add_argument("--progress-interval", type=float, default=15.0, metavar="SECONDS",
                    help="how often each active training's rank 0 is scraped into status.progress")
-    p.add_argument("--quota-retry", type=float, default=30.0, metavar="SECONDS",
-                   help="how soon a JobSet that a ResourceQuota refused is created again")
+    # No default here: the startup hook's (QUOTA_RETRY_DELAY, 30 s) applies, or $ROSETTA_QUOTA_RETRY.
+    p.add_argument("--quota-retry", type=float, metavar="SECONDS",
+                   help="how soon a JobSet that a ResourceQuota refused is created again (default: 30, "
+                        "or $ROSETTA_QUOTA_RETRY)")
     p.add_argument("--default-image", metavar="IMAGE",
                    help="trainer image of a training without spec.image (default: $ROSETTA_DEFAULT_IMAGE, "
                         "else the spec's own default)")

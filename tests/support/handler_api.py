@@ -108,7 +108,7 @@ class FakeAPI:
 def memo(api: FakeAPI) -> kopf.Memo:
     return kopf.Memo(api_client=SimpleNamespace(sanitize_for_serialization=lambda o: o), allow_host_path=False,
                      own_creations=event_memory.OwnCreations(), unschedulable_pods=UnschedulablePods(), failed_pods=event_memory.Decisions(),
-                     workload_decisions=event_memory.Decisions(), quota_retry=30.0)
+                     workload_decisions=event_memory.Decisions(), quota_retry=handlers.QUOTA_RETRY_DELAY)
 
 
 def training(api: FakeAPI, **spec) -> dict:
