@@ -29,9 +29,24 @@ import sys
 import time
 from pathlib import Path
 
+import tomllib
+
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "bench"
-sys.path[:0] = [str(REPO / "contract"), str(REPO / "operator"), str(REPO / "trainer")]
+
+
+def source_dirs() -> list[str]:
+    """The folders that hold the repository's packages, read from pyproject's package-dir: a GPU
+    machine's Python has none of them installed, so this script and every process it starts find
+    them through these (an installed checkout finds them either way, which is how a missing one
+    once passed the CPU rehearsal and failed on the GPU)."""
+    with (REPO / "pyproject.toml").open("rb") as f:
+        package_dirs = tomllib.load(f)["tool"]["setuptools"]["package-dir"]
+    return sorted({str(REPO / Path(d).parent) for d in package_dirs.values()})
+
+
+SOURCE_DIRS = source_dirs()
+sys.path[:0] = SOURCE_DIRS
 
 # name -> seconds allowed on a GPU; on the CPU (tiny sizes, but compilation is slow there) CPU_SCALE times.
 STEPS = {"device": 20, "step-counts": 45, "t5-base": 70, "transformer-base": 45, "vs-peer": 140,
@@ -87,7 +102,7 @@ def run_step(name: str, args, limit: float) -> dict:
            "--work", str(args.work)] + (["--cpu"] if args.cpu else [])
     started = time.perf_counter()
     log_path = args.work / f"{name}.log"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = child_environment()
     if args.cpu:
         # The rehearsal checks that every compiled path captures and runs; inductor's C++ kernels
         # would only add minutes of compilation (a GPU runs Triton's, which a CPU cannot rehearse).
@@ -106,6 +121,13 @@ def run_step(name: str, args, limit: float) -> dict:
     if status != "ok":
         record["log_tail"] = log_path.read_text(errors="replace")[-1500:]
     return record
+
+
+def child_environment() -> dict[str, str]:
+    """A step's environment, which the processes it starts inherit: the sources first on PYTHONPATH."""
+    path = os.pathsep.join(SOURCE_DIRS + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
+    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false"}
 
 
 def read_records(path: Path) -> list[dict]:

@@ -12,7 +12,8 @@
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 python=${PYTHON:-python3}
-export PYTHONPATH="$repo/operator:$repo/trainer${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+# gpu_checks.py puts the sources on PYTHONPATH for itself and every process it starts.
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 args=("$@")
 results=${args[-1]:?usage: gpu_checks.sh [--cpu] DATA_DIR RESULTS_DIR}
 work=${WORK:-/tmp/rosetta-gpu-checks}
