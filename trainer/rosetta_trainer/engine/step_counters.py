@@ -30,6 +30,8 @@ SYNC_OPS = frozenset({
 })
 SYNC_RUNTIME = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
                           "cudaMemcpy", "cudaStreamWaitEvent_sync"})
+# Each profiled step runs under this label: syncs outside every step (the profiler's, the final wait) do not count.
+STEP_MARK = "rosetta::profiled_step"
 # Leaves that only describe or allocate memory: no kernel runs for them.
 NO_KERNEL = frozenset({
     "aten::as_strided", "aten::view", "aten::_unsafe_view", "aten::reshape", "aten::_reshape_alias",
@@ -82,13 +84,18 @@ def count_step(step: Callable[[], object], steps: int = 1, where: bool = False) 
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=activities, with_stack=where) as prof:
         for _ in range(steps):
-            step()
+            with torch.profiler.record_function(STEP_MARK):
+                step()
         if torch.cuda.is_available():
-            torch.cuda.synchronize()
+            torch.cuda.synchronize()  # outside the steps: the measurement's own wait is not counted
     return counts_of(prof.events(), steps, cuda=torch.cuda.is_available())
 
 
 def counts_of(events: Iterable[FunctionEvent], steps: int = 1, cuda: bool = False) -> StepCounts:
+    events = list(events)
+    # A sync counts when it starts inside a step, on any thread: the backward of a CUDA step runs
+    # on autograd's device thread, outside the step's operator tree but inside its time.
+    spans = [(e.time_range.start, e.time_range.end) for e in events if e.name == STEP_MARK]
     ops = kernels = syncs = 0
     sites: collections.Counter[str] = collections.Counter()
     for event in events:
@@ -99,7 +106,8 @@ def counts_of(events: Iterable[FunctionEvent], steps: int = 1, cuda: bool = Fals
             continue
         if name.startswith("aten::"):
             ops += 1
-        if (name in SYNC_OPS or name in SYNC_RUNTIME) and not _inside(event, HOST_ONLY_READS):
+        if ((name in SYNC_OPS or name in SYNC_RUNTIME) and not _inside(event, HOST_ONLY_READS)
+                and (not spans or any(start <= event.time_range.start <= end for start, end in spans))):
             syncs += 1
             sites[f"{_caller(event)}: {name}"] += 1
         if cuda or _inside(event, (), _MULTI_TENSOR):
@@ -127,11 +135,15 @@ def _inside(event: FunctionEvent, names: frozenset[str] | tuple[()], prefixes: t
 
 def _caller(event: FunctionEvent) -> str:
     """The innermost Python frame outside torch that the event ran under ("file.py(line): function";
-    with stacks recorded, the profiler keeps Python calls as the operators' parents), or "?"."""
-    parent = event.cpu_parent
+    with stacks recorded, the profiler keeps Python calls as the operators' parents); failing that
+    (the backward runs on autograd's threads, with no Python frame), the operators it ran under,
+    outermost first ("autograd::engine::evaluate_function: EmbeddingBackward0 > aten::…"), or "?"."""
+    parent, chain = event.cpu_parent, []
     while parent is not None:
         name: str = parent.name
         if ".py(" in name and "torch/" not in name and "step_counters.py" not in name:
             return name
+        if name != STEP_MARK and ".py(" not in name:
+            chain.append(name)
         parent = parent.cpu_parent
-    return "?"
+    return " > ".join(reversed(chain[:3])) or "?"
