@@ -140,6 +140,8 @@ def measure(name: str, step, steps: int) -> dict:
     row = {"variant": name, **counts.row(), "seconds": round(seconds, 4)}
     if counts.syncs:
         row["sync_sites"] = counts.sync_sites
+    if counts.kernel_names:
+        row["kernel_names"] = counts.kernel_names
     print(json.dumps(row), flush=True)
     return row
 

@@ -30,6 +30,8 @@ SYNC_OPS = frozenset({
 })
 SYNC_RUNTIME = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
                           "cudaMemcpy", "cudaStreamWaitEvent_sync"})
+# Device kernels are grouped by the start of their (often templated, very long) names.
+KERNEL_NAME_CHARS, KERNEL_NAMES_KEPT = 60, 25
 # Each profiled step runs under this label: syncs outside every step (the profiler's, the final wait) do not count.
 STEP_MARK = "rosetta::profiled_step"
 # Leaves that only describe or allocate memory: no kernel runs for them.
@@ -62,6 +64,9 @@ class StepCounts:
     syncs: float
     # "where: operator" -> count over all profiled steps: the first place to look when syncs > 0.
     sync_sites: dict[str, int] = field(default_factory=dict)
+    # On a GPU, device kernels by name (the first words) -> count over all profiled steps, most first:
+    # what a kernel count is made of, where a CPU's count of the same step cannot say.
+    kernel_names: dict[str, int] = field(default_factory=dict)
 
     def row(self) -> dict[str, float]:
         return {"ops": round(self.ops, 1), "kernels": round(self.kernels, 1), "syncs": round(self.syncs, 2)}
@@ -98,11 +103,13 @@ def counts_of(events: Iterable[FunctionEvent], steps: int = 1, cuda: bool = Fals
     spans = [(e.time_range.start, e.time_range.end) for e in events if e.name == STEP_MARK]
     ops = kernels = syncs = 0
     sites: collections.Counter[str] = collections.Counter()
+    device_kernels: collections.Counter[str] = collections.Counter()
     for event in events:
         name = event.name
         on_device = getattr(event, "device_type", None) == torch.autograd.DeviceType.CUDA
         if on_device:
             kernels += 1
+            device_kernels[name[:KERNEL_NAME_CHARS]] += 1
             continue
         if name.startswith("aten::"):
             ops += 1
@@ -115,7 +122,8 @@ def counts_of(events: Iterable[FunctionEvent], steps: int = 1, cuda: bool = Fals
         if name.startswith(_MULTI_TENSOR) or any(k in name for k in _INDUCTOR_KERNEL) or (
                 name.startswith("aten::") and name not in NO_KERNEL and _computes_itself(event)):
             kernels += 1
-    return StepCounts(ops / steps, kernels / steps, syncs / steps, dict(sites))
+    return StepCounts(ops / steps, kernels / steps, syncs / steps, dict(sites),
+                      dict(device_kernels.most_common(KERNEL_NAMES_KEPT)))
 
 
 def _computes_itself(event: FunctionEvent) -> bool:

@@ -44,3 +44,20 @@ def test_without_a_python_frame_the_site_names_the_operators_it_ran_under():
     assert counts.syncs == 1
     (site,) = counts.sync_sites
     assert "ReadsInBackward" in site and site.endswith("aten::_local_scalar_dense"), site
+
+
+def test_a_gpu_steps_kernels_are_grouped_by_name():
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    def event(i, name, start, end, device=DeviceType.CPU):
+        return FunctionEvent(id=i, name=name, thread=0, start_us=start, end_us=end, device_type=device)
+
+    gemm = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute"
+    events = [event(0, STEP_MARK, 0, 100), event(1, gemm, 10, 20, DeviceType.CUDA),
+              event(2, gemm + "_other_tile", 20, 30, DeviceType.CUDA),
+              event(3, "triton_poi_fused_add_0", 30, 40, DeviceType.CUDA),
+              event(4, "cudaDeviceSynchronize", 150, 160)]
+    counts = counts_of(events, steps=1, cuda=True)
+    assert (counts.kernels, counts.syncs) == (3, 0)
+    assert counts.kernel_names == {gemm[:60]: 2, "triton_poi_fused_add_0": 1}
