@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The GPU figures of docs/benchmarks.md in one run (bench/gpu_checks.py says what each step measures).
+# The GPU figures of docs/benchmarks.md (bench/gpu_checks.py says what each step measures).
 #
-#   bench/gpu_checks.sh [--cpu] DATA_DIR RESULTS_DIR
+#   bench/gpu_checks.sh [--cpu] [--part 1|2] DATA_DIR RESULTS_DIR
 #
 # DATA_DIR holds Multi30k's {train,val,test_2016_flickr}.{en,de}.gz; RESULTS_DIR receives
 # gpu_checks.jsonl (a line per step, written as each ends), gpu_checks.md and logs.tgz. --cpu runs

@@ -18,7 +18,7 @@ from support.training import ROOT, SHARED
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
-STEPS = ["device", "step-counts", "t5-base", "transformer-base", "vs-peer", "strategies", "multi30k-bleu"]
+STEPS = ["device", "step-counts", "transformer-base", "t5-base", "multi30k-bleu", "vs-peer", "strategies"]
 
 
 def test_every_step_of_the_gpu_script_runs_on_a_cpu(tmp_path):
