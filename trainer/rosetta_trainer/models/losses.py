@@ -88,8 +88,12 @@ def label_smoothed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, smo
 
 
 # The logits of one chunk of rows, in fp32, on an accelerator: large enough that each pass is one
-# well-filled kernel, small enough that the whole (tokens × vocabulary) matrix never exists.
-DEVICE_CHUNK_BYTES = 128 << 20
+# well-filled kernel, small enough that the whole (tokens × vocabulary) matrix never exists. Not
+# smaller: a compiled step unrolls one copy of the loop per chunk, and the first call's compilation
+# grows with the copies (bench/loss_chunks.py: 63 chunks of 128 MiB took 2.7x the capture of 16 of
+# 512 MiB for t5's vocabulary at 65,536 tokens), as do an eager step's launches. The transient cost
+# is about three chunks (logits, their exponent, the gradient).
+DEVICE_CHUNK_BYTES = 512 << 20
 
 
 def logit_chunks(tokens: int, vocab: int, device: torch.device) -> int:
