@@ -24,6 +24,11 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 ARG TRAINER_BASE_IMAGE=python:3.11-slim-bookworm
 # The one torch pin, the same as the Makefile's TORCH (tests/unit/project/test_packaging.py checks).
 ARG TORCH=torch==2.13.0
+# The trainer image's extras: [trainer] is what the pods run, [deepspeed] and [s3] what a spec may ask
+# for; [tracking]: the W&B and MLflow clients for spec.tracking; [export]: CTranslate2 for `rosetta
+# export` next to the checkpoints (together some tens of MB beside the CUDA wheels). Not [operator]:
+# no pod renders or watches anything. The image ships every pin CI tests.
+ARG TRAINER_EXTRAS=trainer,deepspeed,s3,tracking,export
 
 # ---------------------------------------------------------------------------- wheel
 # Builds the rosetta wheel once; both images install it.
@@ -69,6 +74,7 @@ ENTRYPOINT ["rosetta", "operator"]
 # --------------------------------------------------------------------------- trainer
 FROM ${TRAINER_BASE_IMAGE} AS trainer
 ARG TORCH
+ARG TRAINER_EXTRAS
 ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -78,29 +84,33 @@ ENV PYTHONUNBUFFERED=1 \
     HF_HOME=/home/rosetta/.cache/huggingface
 # The same versions CI tests with (constraints.txt, also used by `make install`).
 COPY constraints.txt /etc/rosetta/constraints.txt
-# torch and the pinned stack first, in a layer of their own: it does not change with rosetta's
-# sources, so rebuilding after a code change reuses it (several GB of CUDA wheels).
+# The layers go from what changes least to what changes with every commit, so that a rebuild after a
+# change to rosetta's sources reuses all but the last: torch and the pinned stack (several GB of CUDA
+# wheels), the compiler, the extras' third-party packages (keyed on pyproject.toml), then the wheel.
 # DS_BUILD_OPS=0: DeepSpeed's ops are JIT-compiled when first used (see the compiler below).
 RUN python3 -m venv --upgrade-deps /opt/venv \
     && DS_BUILD_OPS=0 pip install -c /etc/rosetta/constraints.txt "${TORCH}" transformers tokenizers accelerate deepspeed
-COPY --from=wheel /dist /tmp/dist
-# "${TORCH}" again: pip keeps that torch while it resolves rosetta's dependencies. [trainer] is what the
-# pods run, [deepspeed] and [s3] what a spec may ask for; [tracking]: the W&B and MLflow clients for
-# spec.tracking; [export]: CTranslate2 for `rosetta export` next to the checkpoints (together some
-# tens of MB beside the CUDA wheels). Not [operator]: no pod renders or watches anything. The image
-# ships every pin CI tests.
-RUN DS_BUILD_OPS=0 pip install -c /etc/rosetta/constraints.txt "${TORCH}" \
-        "$(ls /tmp/dist/*.whl)[trainer,deepspeed,s3,tracking,export]" \
-    && python -c "import torch, deepspeed, rosetta_trainer, wandb, mlflow, ctranslate2; print('torch', torch.__version__, 'cuda', torch.version.cuda)" \
-    && rm -rf /tmp/dist
 # DeepSpeed compiles its ops the first time a run uses one (CPU Adam for ZeRO-Offload, among others),
 # and torch.compile builds its kernels' launchers: both need a C++ compiler and Python's headers in
 # the image (official python images ship the headers; a Debian-packaged Python needs python3-dev).
-# After the pip layers, so that adding it did not invalidate their cache.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends g++ $(python3 -c "import os, sysconfig; \
 print('' if os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')) else 'python3-dev')") \
     && rm -rf /var/lib/apt/lists/*
+# The requirements of the package and of its TRAINER_EXTRAS, read from pyproject.toml: this layer is
+# rebuilt when they change, not when the sources do ("${TORCH}" again: pip keeps that torch while it
+# resolves the rest).
+COPY pyproject.toml /tmp/pyproject.toml
+RUN python3 -c "import os, tomllib; p = tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']; \
+print(*p['dependencies'], *(r for e in os.environ['TRAINER_EXTRAS'].split(',') for r in p['optional-dependencies'][e]), sep='\n')" \
+        > /tmp/requirements.txt \
+    && DS_BUILD_OPS=0 pip install -c /etc/rosetta/constraints.txt "${TORCH}" -r /tmp/requirements.txt \
+    && rm /tmp/pyproject.toml /tmp/requirements.txt
+COPY --from=wheel /dist /tmp/dist
+# The wheel with the same extras: everything it needs is installed above, so pip only checks them.
+RUN DS_BUILD_OPS=0 pip install -c /etc/rosetta/constraints.txt "${TORCH}" "$(ls /tmp/dist/*.whl)[${TRAINER_EXTRAS}]" \
+    && python -c "import torch, deepspeed, rosetta_trainer, wandb, mlflow, ctranslate2; print('torch', torch.__version__, 'cuda', torch.version.cuda)" \
+    && rm -rf /tmp/dist
 RUN groupadd --gid 10001 rosetta \
     && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/rosetta --shell /usr/sbin/nologin rosetta \
     && mkdir -p /checkpoints /home/rosetta/.cache \

@@ -128,11 +128,26 @@ EXTRAS = PYPROJECT["project"]["optional-dependencies"]
 
 
 def wheel_extras(stage: str) -> set[str]:
-    """The extras an image stage installs the wheel with: `"$(ls /tmp/dist/*.whl)[a,b]"`."""
+    """The extras an image stage installs the wheel with: `"$(ls /tmp/dist/*.whl)[a,b]"`, a build
+    argument's default (`[${TRAINER_EXTRAS}]`) read as its value."""
     runs = " ".join(line for line in stages()[stage] if line.startswith("RUN "))
+    runs = re.sub(r"\$\{(\w+)\}", lambda m: _args().get(m.group(1), m.group(0)), runs)
     found = re.findall(r"/tmp/dist/\*\.whl\)\[([\w,]+)\]", runs)
     assert len(found) == 1, f"the {stage} image installs the wheel once, with its extras: {found}"
     return set(found[0].split(","))
+
+
+def test_the_trainer_images_third_party_layer_installs_what_its_wheel_then_asks_for():
+    """A change to the sources rebuilds only the wheel's layer: the extras' packages come before it,
+    from pyproject.toml, with the same TRAINER_EXTRAS, and the compiler before both."""
+    stage = stages()["trainer"]
+    assert "ARG TRAINER_EXTRAS" in stage
+    order = [next(i for i, line in enumerate(stage) if marker in line)
+             for marker in ("apt-get install", "COPY pyproject.toml", "-r /tmp/requirements.txt",
+                            "COPY --from=wheel", "/tmp/dist/*.whl)[${TRAINER_EXTRAS}]")]
+    assert order == sorted(order), stage
+    layer = next(line for line in stage if "-r /tmp/requirements.txt" in line)
+    assert "os.environ['TRAINER_EXTRAS']" in " ".join(stage) and "-c /etc/rosetta/constraints.txt" in layer
 
 
 def test_the_operator_image_installs_its_extra_with_the_constraints_and_every_dependency_is_pinned():
