@@ -26,6 +26,7 @@ def add_policy_argument(p: argparse.ArgumentParser, help: str) -> None:
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from rosetta_contract.document_arguments import add_document_arguments
+    from rosetta_operator.verb_arguments import positive_duration
 
     p = sub.add_parser("crd", help="print the TranslationTraining CustomResourceDefinition (YAML)")
     p.set_defaults(func=_cmd_crd)
@@ -63,10 +64,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--peering", metavar="NAME",
                    help="coordinate replicas through this KopfPeering (installed by the Helm chart); "
                         "default: standalone, one replica")
-    p.add_argument("--progress-interval", type=float, default=15.0, metavar="SECONDS",
-                   help="how often each active training's rank 0 is scraped into status.progress")
-    # No default here: the startup hook's (QUOTA_RETRY_DELAY, 30 s) applies, or $ROSETTA_QUOTA_RETRY.
-    p.add_argument("--quota-retry", type=float, metavar="SECONDS",
+    # No defaults here: the startup hook's apply (DEFAULT_PROGRESS_INTERVAL, QUOTA_RETRY_DELAY), or the
+    # environment's. Zero is refused rather than read as "unset".
+    p.add_argument("--progress-interval", type=positive_duration, metavar="SECONDS",
+                   help="how often each active training's rank 0 is scraped into status.progress (default: "
+                        "15, or $ROSETTA_PROGRESS_INTERVAL)")
+    p.add_argument("--quota-retry", type=positive_duration, metavar="SECONDS",
                    help="how soon a JobSet that a ResourceQuota refused is created again (default: 30, "
                         "or $ROSETTA_QUOTA_RETRY)")
     p.add_argument("--default-image", metavar="IMAGE",

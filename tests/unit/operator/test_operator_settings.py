@@ -68,6 +68,28 @@ def test_the_quota_retry_comes_from_the_flag_else_the_environment(configure, mon
     assert from_flag.quota_retry == 2.5
 
 
+def test_the_progress_interval_comes_from_the_flag_else_the_environment(configure, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv(handlers.startup.PROGRESS_INTERVAL_ENV, raising=False)
+    configure(default := kopf.Memo())
+    assert default.progress_interval == handlers.startup.DEFAULT_PROGRESS_INTERVAL == 15
+    monkeypatch.setenv(handlers.startup.PROGRESS_INTERVAL_ENV, "4")
+    configure(from_env := kopf.Memo())
+    assert from_env.progress_interval == 4
+    configure(from_flag := kopf.Memo(progress_interval=2.5))
+    assert from_flag.progress_interval == 2.5
+
+
+@pytest.mark.parametrize("flag", ["--progress-interval", "--quota-retry"])
+@pytest.mark.parametrize("value", ["0", "-3", "soon"])
+def test_the_operators_intervals_refuse_what_is_not_a_positive_duration(flag, value, capsys):
+    from rosetta_cli.main import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["operator", flag, value])
+    assert exit_.value.code == 2
+    assert f"argument {flag}: '{value}'" in capsys.readouterr().err
+
+
 def registered(handler_id: str):
     (handler,) = [h for h in kopf.get_default_registry()._watching.get_all_handlers() if h.id == handler_id]
     return handler
