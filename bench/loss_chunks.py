@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     spec = parse_document(doc).spec
     print("| MiB per chunk | chunks | dynamo capture, s | aot_eager, s |\n|---:|---:|---:|---:|")
     for mib in (int(b) for b in args.budgets.split(",")):
-        chunks = max(1, -(-args.tokens * args.vocab * 4 // (mib << 20)))
+        chunks = losses.logit_chunks(args.tokens, args.vocab, torch.device("cuda"), budget=mib << 20)
         run = lambda gm, example: gm.forward  # noqa: E731  # dynamo's capture only
         capture = first_call_seconds(spec, args.vocab, chunks, run)
         aot = first_call_seconds(spec, args.vocab, chunks, "aot_eager")

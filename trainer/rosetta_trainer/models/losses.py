@@ -96,9 +96,13 @@ def label_smoothed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, smo
 DEVICE_CHUNK_BYTES = 512 << 20
 
 
-def logit_chunks(tokens: int, vocab: int, device: torch.device) -> int:
-    """Into how many row chunks linear_cross_entropy cuts `tokens` rows of a `vocab`-wide head."""
-    budget = CPU_CHUNK_BYTES if device.type == "cpu" else DEVICE_CHUNK_BYTES
+def logit_chunks(tokens: int, vocab: int, device: torch.device, budget: int | None = None) -> int:
+    """Into how many row chunks linear_cross_entropy cuts `tokens` rows of a `vocab`-wide head.
+
+    `budget` is the bytes of fp32 logits per chunk; by default the device's.
+    """
+    if budget is None:
+        budget = CPU_CHUNK_BYTES if device.type == "cpu" else DEVICE_CHUNK_BYTES
     return max(1, -(-tokens * vocab * 4 // budget))
 
 

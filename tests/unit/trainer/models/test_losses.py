@@ -51,6 +51,15 @@ def test_chunked_rows_match_one_chunk(monkeypatch):
     torch.testing.assert_close(grad, ref_grad, rtol=1e-5, atol=1e-6)
 
 
+def test_logit_chunks_follow_the_device_budget_or_the_one_given():
+    # t5's vocabulary at a 65,536-token batch: 8 GiB of fp32 logits.
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert losses.logit_chunks(65536, 32128, cuda) == 16  # 512 MiB chunks, the last one partial
+    assert losses.logit_chunks(65536, 32128, cuda, budget=128 << 20) == 63
+    assert losses.logit_chunks(65536, 32128, cpu) == 2008  # 4 MiB chunks, an exact fit
+    assert losses.logit_chunks(1, 10, cuda) == 1
+
+
 def test_bf16_logits_get_a_bf16_gradient_close_to_fp32():
     torch.manual_seed(2)
     logits, labels = torch.randn(4, 9, 40), torch.randint(0, 40, (4, 9))
