@@ -268,13 +268,9 @@ state = '{STATE / "state"}'
         marker = self.cache / "imported" / re.sub(r"[^A-Za-z0-9_.-]", "_", ref)
         copied = False
         if not (marker.exists() and marker.read_text() == image_id and self.has_image(ref)):
-            # A superseded build (several GB for the trainer) and its other names: removed with its
-            # layers before the new one arrives, so the store holds one copy, not one per source change.
-            stored = self.images()
-            names = [_qualified(name) for name in (ref, *also) if _qualified(name) in stored]
-            if names:
-                self._ctr("images", "rm", *names, timeout=600)
-            self.remove_superseded_images()
+            # The superseded build stays until the new one is in: its layers are the new build's too
+            # (a source change alters the trainer's last few MB, not its GBs), and containerd neither
+            # stores nor unpacks a layer it holds already. Removed after, below: one copy in the store.
             save = subprocess.Popen([docker, "save", ref], stdout=subprocess.PIPE)
             try:
                 self._ctr("images", "import", "-", stdin=save.stdout, timeout=1800)
@@ -287,6 +283,8 @@ state = '{STATE / "state"}'
             copied = True
         for name in also:
             self._ctr("images", "tag", "--force", _qualified(ref), _qualified(name))
+        if copied:
+            self.remove_superseded_images()
         return copied
 
     def _load_pause(self) -> None:
