@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -47,9 +48,9 @@ def _compile_through_ccache() -> None:
     run) although nothing in them changed. torch puts ccache in front of the compiler when it is on
     PATH, and ccache looks at content, not times: the objects come back from its cache and only the
     link runs. Not the working directory: each virtualenv builds in a folder of its own."""
-    installed = subprocess.run(["bash", str(Path(__file__).parent / "support" / "compiler-cache.sh")],
-                               capture_output=True, timeout=600)
-    if installed.returncode == 0:
+    if shutil.which("ccache") or subprocess.run(
+            ["bash", str(Path(__file__).parent / "support" / "compiler-cache.sh")],
+            capture_output=True, timeout=600).returncode == 0:
         os.environ.setdefault("CCACHE_DIR", str(Path.home() / ".cache" / "rosetta" / "ccache"))
         os.environ.setdefault("CCACHE_NOHASHDIR", "1")
 

@@ -9,9 +9,6 @@ one that dropped the old build before the new one came stored and unpacked every
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
-from pathlib import Path
 
 import pytest
 
@@ -26,13 +23,8 @@ ALSO = "rosetta-test/replaced:alias"
 def build(node_cluster, entrypoint: str) -> None:
     """A tiny image whose ID depends on `entrypoint`: two calls, two different builds under one tag
     whose first layer (as the trainer's torch layer) is the same."""
-    binary = node_cluster.node.assets.bin("pause")
-    context = Path(tempfile.mkdtemp(prefix="image-", dir=node_cluster.node.workdir))
-    shutil.copy2(binary, context / "pause")
-    (context / "Dockerfile").write_text(f"FROM scratch\nCOPY pause /shared/pause\nCOPY pause {entrypoint}\n"
-                                        f"ENTRYPOINT {json.dumps([entrypoint])}\n")
-    real_node._run("docker", "build", "--quiet", "--tag", REF, str(context), timeout=300)
-    shutil.rmtree(context, ignore_errors=True)
+    real_node._docker_image_from_binary(node_cluster.node.assets.bin("pause"), entrypoint, REF,
+                                        node_cluster.node.workdir, layers_before=("/shared/pause",))
 
 
 def shared_layer_unpacked_at(node_cluster) -> str:

@@ -387,11 +387,14 @@ def _qualified(ref: str) -> str:
     return f"docker.io/{ref}"
 
 
-def _docker_image_from_binary(binary: Path, path: str, tag: str, workdir: Path, docker: str = "docker") -> None:
-    """An image FROM scratch holding one static binary as its entrypoint."""
+def _docker_image_from_binary(binary: Path, path: str, tag: str, workdir: Path, docker: str = "docker",
+                              layers_before: tuple[str, ...] = ()) -> None:
+    """An image FROM scratch holding one static binary as its entrypoint; `layers_before` copies it
+    to those paths first, a layer each."""
     context = Path(tempfile.mkdtemp(prefix="image-", dir=workdir))
     shutil.copy2(binary, context / binary.name)
-    (context / "Dockerfile").write_text(f"FROM scratch\nCOPY {binary.name} {path}\nENTRYPOINT {json.dumps([path])}\n")
+    copies = "".join(f"COPY {binary.name} {p}\n" for p in (*layers_before, path))
+    (context / "Dockerfile").write_text(f"FROM scratch\n{copies}ENTRYPOINT {json.dumps([path])}\n")
     _run(docker, "build", "--quiet", "--tag", tag, str(context), timeout=300)
     shutil.rmtree(context, ignore_errors=True)
 
