@@ -63,6 +63,25 @@ def deepspeed_config(spec: TrainerSpec, cuda: bool) -> dict[str, Any]:
     return deep_merge(config, d.deepspeed_config or {})
 
 
+def skip_cpu_shared_memory_collectives(cuda: bool) -> None:
+    """On a CPU device, keep DeepSpeed from JIT-compiling its shared-memory all-reduce.
+
+    DeepSpeed's torch communication backend builds that op (deepspeed_shm_comm) whenever its
+    builder is marked compatible, on every rank of every process that initialises
+    distributed; only its inference all-reduce uses it, never training's collectives (gloo
+    here). Compiling it costs about two minutes of C++ per rank of every fresh pod. Marking it
+    incompatible in DeepSpeed's own table is what its backend reads to skip the build.
+    """
+    if cuda:
+        return
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().get_op_builder("ShareMemCommBuilder")
+    if builder is not None:
+        deepspeed.ops.__compatible_ops__[builder.NAME] = False
+
+
 @contextlib.contextmanager
 def partitioned_loading(spec: TrainerSpec, cuda: bool) -> Iterator[None]:
     """Under ZeRO-3, make transformers' from_pretrained partition weights as it loads them
@@ -77,6 +96,7 @@ def partitioned_loading(spec: TrainerSpec, cuda: bool) -> Iterator[None]:
         return
     from transformers.integrations.deepspeed import HfDeepSpeedConfig, unset_hf_deepspeed_config
 
+    skip_cpu_shared_memory_collectives(cuda)  # zero.Init initialises distributed
     keep = HfDeepSpeedConfig(deepspeed_config(spec, cuda))  # transformers holds only a weak reference
     try:
         yield
@@ -100,6 +120,7 @@ class DeepSpeedBackend:
         t = spec.training
         cuda = world.device.type == "cuda"
         self.config = deepspeed_config(spec, cuda)
+        skip_cpu_shared_memory_collectives(cuda)
         groups = param_groups(model, t.weight_decay)
         client_optimizer = None
         if "optimizer" not in self.config:

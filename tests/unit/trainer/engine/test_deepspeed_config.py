@@ -73,3 +73,25 @@ def test_inconsistent_settings_are_refused_with_the_field(distributed, message):
     with pytest.raises(ConfigError) as err:
         spec({"distributed": distributed})
     assert message in str(err.value)
+
+
+def test_a_cpu_run_does_not_compile_deepspeeds_shared_memory_all_reduce(monkeypatch):
+    """DeepSpeed's torch backend builds its shared-memory all-reduce (inference only) on every rank
+    that initialises distributed, about two minutes of C++ per rank of a fresh pod, unless its own
+    table of compatible ops says no."""
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.comm.torch import build_shm_op
+
+    from rosetta_trainer.engine.deepspeed_backend import skip_cpu_shared_memory_collectives
+
+    builder = get_accelerator().get_op_builder("ShareMemCommBuilder")
+
+    def compiled(self):
+        raise AssertionError("the shared-memory all-reduce was compiled")
+    monkeypatch.setattr(builder, "load", compiled)
+    monkeypatch.setitem(deepspeed.ops.__compatible_ops__, builder.NAME, True)
+    skip_cpu_shared_memory_collectives(cuda=True)  # a CUDA run keeps whatever DeepSpeed probed
+    assert deepspeed.ops.__compatible_ops__[builder.NAME] is True
+    skip_cpu_shared_memory_collectives(cuda=False)
+    assert build_shm_op() is None
