@@ -20,7 +20,7 @@ from rosetta_operator.names import (
     resource_names,
 )
 from rosetta_operator.pod_builder import Container, evaluation_pod
-from rosetta_operator.pod_template import output_mount, resources
+from rosetta_operator.pod_template import cpu_threads, output_mount, resources
 from rosetta_operator.stage_job import stage_container, stage_refused_rule, staging_sources
 from rosetta_operator.templating import render_template
 
@@ -37,12 +37,6 @@ def checkpoint_root(spec: TranslationTrainingSpec, output: str) -> str:
     """Where the trainer writes its checkpoints, as the pods see it (`output`: the run's directory)."""
     directory = spec.checkpoint.dir or "checkpoints"
     return directory if directory.startswith("/") else f"{output}/{directory}"
-
-
-def cpu_threads(cpu: str) -> int:
-    """Whole cores of a CPU quantity (8, 7500m, 0.5), at least 1."""
-    cores = float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
-    return max(1, int(cores))
 
 
 def evaluation_command(spec: TranslationTrainingSpec, output: str, config: str) -> list[str]:

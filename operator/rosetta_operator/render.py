@@ -38,6 +38,7 @@ from rosetta_operator.pod_template import (
     profile_env,
     resources,
     s3_credentials_env,
+    thread_env,
     topology_annotations,
     tracking_env,
 )
@@ -156,7 +157,7 @@ def render(name: str, namespace: str, spec: TranslationTrainingSpec, owner: Mapp
     trainer = Container(
         name=TRAINER_CONTAINER, command=command(spec),
         env=launcher_env(spec, names) + profile_env(spec) + fault_tolerance_env(spec) + s3_credentials_env(spec)
-        + tracking_env(spec) + gang.user_env + gang.offline_env,
+        + thread_env(spec) + tracking_env(spec) + gang.user_env + gang.offline_env,
         resources=resources(spec),
         ports=[{"name": "metrics", "containerPort": metrics_port, "protocol": "TCP"}] if metrics_port else [],
     )

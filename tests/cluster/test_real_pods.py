@@ -54,7 +54,9 @@ def test_quickstart_cpu_trains_on_two_real_pods_and_resumes_after_one_is_deleted
     spec = docs["TranslationTraining"]["spec"]
     spec["data"]["train"] = [{**spec["data"]["train"][0], "size": 4000}]
     spec["training"].update(maxSteps=160, warmupSteps=30)
-    spec["checkpoint"]["interval"] = spec["evaluation"]["interval"] = 40
+    # A checkpoint early, so that the pod is deleted with most steps still to go: a step takes about
+    # 0.2 s here, and the status shows the checkpoint a scrape later.
+    spec["checkpoint"]["interval"] = spec["evaluation"]["interval"] = 20
     checkpoint_every = spec["checkpoint"]["interval"]
     # The stage job trains the tokenizer and tokenizes the corpus before the gang starts.
     docs["TranslationTraining"]["spec"]["data"]["prepare"] = "BeforeTraining"
@@ -75,10 +77,12 @@ def test_quickstart_cpu_trains_on_two_real_pods_and_resumes_after_one_is_deleted
     (prepared,) = [d for d in (storage / name / "prepared").iterdir() if (d / "COMPLETE").exists()]
     assert (storage / name / "tokenizer" / "rosetta-trained-from.json").exists()
     rank0 = next(p for p in pods if (p.metadata.annotations or {}).get(COMPLETION_INDEX) == "0")
-    started = wait_for(lambda: "the training text was not read" in (log := full_log(node_cluster, node_namespace,
-                                                                                 rank0.metadata.name)) and log,
-                       "rank 0 mapping the prepared data", timeout=300)
+    started = wait_for(lambda: "CPU threads" in (log := full_log(node_cluster, node_namespace, rank0.metadata.name))
+                       and log, "rank 0 mapping the prepared data and building its model", timeout=300)
+    assert "the training text was not read" in started
     assert "tokenizer: reusing" in started and f"prepared/{prepared.name}" in started
+    # One CPU requested per pod, one process: one thread, not one per core of the node the pods share.
+    assert "device cpu, 1 CPU threads" in started, started
     assert "tokenized and wrote" not in started
     subnet = ipaddress.ip_network(real_node.POD_SUBNET)
     addresses = {p.status.pod_ip for p in pods}

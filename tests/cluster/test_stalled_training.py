@@ -38,7 +38,9 @@ def test_a_trainer_that_stops_stepping_is_stalled_restarted_and_resumes(node_clu
     spec["volumes"] = [{"name": "checkpoints", "mountPath": "/checkpoints", "purpose": "checkpoints",
                         "persistentVolumeClaim": {"claimName": "stalls-checkpoints"}}]
     spec["data"]["test"] = [{"format": "generated", "size": 40, "seed": 3}]
-    spec["training"].update(maxSteps=2 * CHECKPOINT_EVERY + 4, logInterval=2)
+    # The restart must run long enough for the operator's 2-second scrapes to see rank 0 beat again:
+    # a step of this model takes about 0.2 s on the node.
+    spec["training"].update(maxSteps=8 * CHECKPOINT_EVERY, logInterval=2)
     spec["checkpoint"]["interval"] = spec["evaluation"]["interval"] = CHECKPOINT_EVERY
     spec["evaluation"]["maxSamples"] = 8
     spec["faultTolerance"] = {"stallTimeoutSeconds": STALL_TIMEOUT}

@@ -122,8 +122,10 @@ def train(document: TranslationTraining, output: Path, progress: bool = True) ->
             model = build_model(spec.model, vocab_size=len(tokenizer),
                                 max_length=max(spec.data.max_source_length, spec.data.max_target_length))
     _seed_everything(spec.training.seed + world.rank)
-    log.info("model %s, %.1fM parameters, %d training pairs, world size %d, device %s",
-             type(model).__name__, count_parameters(model) / 1e6, len(corpus), world.size, world.device)
+    # The CPU threads per process: more than the cores a pod was given and the ranks wait on each other.
+    log.info("model %s, %.1fM parameters, %d training pairs, world size %d, device %s, %d CPU threads",
+             type(model).__name__, count_parameters(model) / 1e6, len(corpus), world.size, world.device,
+             torch.get_num_threads())
 
     # 4. position: fresh, or exactly where the newest complete checkpoint stopped
     position = Position()
