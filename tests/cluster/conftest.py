@@ -85,6 +85,10 @@ def live_namespace(live_cluster: LiveCluster, request: pytest.FixtureRequest) ->
     with live_cluster.test_namespace(request.node.name) as name:
         yield name
     # The nodes are shared: the next test must find them free, not still held by this one's pods.
+    # kwok's pods run nothing, so nothing is lost by removing them at once; the namespace is
+    # terminating, so no controller can create another (the namespace controller took about 7 s to
+    # get to them, after every test of this tier).
+    live_cluster.core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
     wait_for(lambda: not live_cluster.pods(name), f"the pods of namespace {name} to be gone", 120)
 
 
