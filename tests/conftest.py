@@ -187,7 +187,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
             report.sections.append(("control plane logs", cluster.logs()))
 
 
-CLUSTER_FIXTURES = ("cluster", "live_cluster")
+CLUSTER_FIXTURES = ("cluster", "live_cluster", "node_cluster")
 
 # `make test` runs two pytest-xdist workers (--dist loadgroup). Tests that share a session-wide
 # resource go to one worker as a group, so that it is built and started once: the simulated cluster
