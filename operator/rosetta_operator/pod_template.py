@@ -10,6 +10,7 @@ from typing import Any
 
 from rosetta_contract.failures import NODE_NAME_ENV
 from rosetta_contract.profiles import EFA_RESOURCE, PROFILES
+from rosetta_contract.quantities import quantity_value
 from rosetta_contract.spec import TranslationTrainingSpec
 from rosetta_contract.strict_model import ConfigError
 from rosetta_contract.trainer_pod import DEFAULT_OUTPUT_MOUNT, TRAINER_HOME, TRAINER_UID
@@ -97,9 +98,8 @@ def fault_tolerance_env(spec: TranslationTrainingSpec) -> list[dict[str, Any]]:
 
 
 def cpu_threads(cpu: str) -> int:
-    """Whole cores of a CPU quantity (8, 7500m, 0.5), at least 1."""
-    cores = float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
-    return max(1, int(cores))
+    """Whole cores of a CPU quantity (8, 7500m, 0.5, 4e0: any the spec admits), at least 1."""
+    return max(1, int(quantity_value(cpu)))
 
 
 def thread_env(spec: TranslationTrainingSpec) -> list[dict[str, Any]]:
@@ -108,7 +108,7 @@ def thread_env(spec: TranslationTrainingSpec) -> list[dict[str, Any]]:
     Without it torch starts a thread per core of the node (os.cpu_count() ignores the request), and
     torchrun sets 1 only for several processes per pod: a one-process pod on a node it shares spins
     more threads than it has cores, and OpenMP's barriers then wait on descheduled threads. Two
-    quickstart pods on one 2-core node stepped 6.5 times slower than with a thread each, measured.
+    quickstart pods on one 2-core node stepped 6.9 times slower than with a thread each, measured.
     With several processes and DeepSpeed's CPU Adam (ZeRO-Offload), each rank gets its share of the
     pod's cores instead of torchrun's one thread. A value in spec.env wins."""
     if not spec.resources.cpu or any(var.name == "OMP_NUM_THREADS" for var in spec.env):

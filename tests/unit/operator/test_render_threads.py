@@ -22,6 +22,7 @@ def threads(**fields) -> list:
     ({"cpu": "16"}, {"procsPerNode": 4}, "4"),
     ({"cpu": "7500m"}, {"procsPerNode": 2}, "3"),
     ({"cpu": "500m"}, {}, "1"),
+    ({"cpu": "1k"}, {"procsPerNode": 8}, "125"),  # any quantity the spec admits, not only m and plain numbers
     ({"cpu": "96"}, {"gpusPerNode": 8, "training": {"maxSteps": 10, "device": "cuda"}}, "12"),
     ({"cpu": "4"}, {"gpusPerNode": 8, "training": {"maxSteps": 10, "device": "cuda"}}, "1"),
 ])
