@@ -1,7 +1,10 @@
 # `make demo` and `make test` each set up everything on a fresh machine.
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-PIP    := $(PY) -m pip
+# uv installs the same pinned versions as pip (checked: identical `pip freeze`) in seconds from its
+# cache (~/.cache/uv) where pip took two minutes to unpack the same wheels on every clean clone.
+UV     ?= uv==0.13.9
+PIP    := $(VENV)/bin/uv pip
 # PyPI's build (CUDA libraries as nvidia-* wheels; runs on CPU too), the same pin as the
 # Dockerfile's TORCH. CONSTRAINTS pins the trainer stack to the versions the image ships.
 TORCH  ?= torch==2.13.0
@@ -14,9 +17,9 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile $(CONSTRAINTS)
 	python3 -m venv $(VENV)
-	$(PIP) install --upgrade pip setuptools wheel
-	$(PIP) install -c $(CONSTRAINTS) "$(TORCH)"
-	$(PIP) install -c $(CONSTRAINTS) -e '.[operator,trainer,deepspeed,s3,dev,export,tracking]'
+	$(PY) -m pip install -q --disable-pip-version-check "$(UV)"
+	$(PIP) install --python $(PY) -c $(CONSTRAINTS) "$(TORCH)"
+	$(PIP) install --python $(PY) -c $(CONSTRAINTS) -e '.[operator,trainer,deepspeed,s3,dev,export,tracking]'
 	touch $(STAMP)
 
 demo: install
@@ -74,7 +77,7 @@ verify: generate
 BENCH_STAMP := $(VENV)/.installed-bench
 
 $(BENCH_STAMP): $(STAMP)
-	$(PIP) install -c $(CONSTRAINTS) -e '.[operator,trainer,deepspeed,s3,dev,export,tracking,bench]'
+	$(PIP) install --python $(PY) -c $(CONSTRAINTS) -e '.[operator,trainer,deepspeed,s3,dev,export,tracking,bench]'
 	touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)
