@@ -1,7 +1,7 @@
 # `make demo` and `make test` each set up everything on a fresh machine.
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-# uv installs the same pinned versions as pip (checked: identical `pip freeze`) in seconds from its
+# uv installs the same pinned versions as pip (identical `pip freeze`, compared 2026-11-29) in seconds from its
 # cache (~/.cache/uv) where pip took two minutes to unpack the same wheels on every clean clone.
 UV     ?= uv==0.13.9
 PIP    := $(VENV)/bin/uv pip
