@@ -31,10 +31,10 @@ demo: install
 # end the report: where the time went (docs/testing.md). Three workers were slower on two cores
 # (43.9 minutes of pytest against 27.8, measured): the controllers they wait on need the same cores.
 test: install
-	$(PY) -m pytest -n 2 --dist loadgroup --durations=25
+	$(PY) -m pytest -n 2 --dist loadgroup --no-loadscope-reorder --durations=25
 
 test-fast: install
-	$(PY) -m pytest -n 2 --dist loadgroup -m "not slow and not cluster"
+	$(PY) -m pytest -n 2 --dist loadgroup --no-loadscope-reorder -m "not slow and not cluster"
 
 # Style and import order (ruff), and the layers: the contract imports neither side, and the trainer and
 # the operator do not import each other (import-linter; docs/architecture.md); no import cycle (imports

@@ -28,6 +28,7 @@ from packaging.version import Version
 
 from control_plane import ControlPlaneError
 from controllers import install_crds
+from support import worker_groups
 from support.cluster import Cluster, start_control_plane
 
 # The image fixtures (a docker engine, the built images) serve tests/images, tests/cluster and the
@@ -188,17 +189,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
 
 
 CLUSTER_FIXTURES = ("cluster", "live_cluster", "node_cluster")
-
-# `make test` runs two pytest-xdist workers (--dist loadgroup). Tests that share a session-wide
-# resource go to one worker as a group, so that it is built and started once: the simulated cluster
-# (`live`), the real node with the images it runs (`node`), the control plane of tests/integration
-# (`apiserver`). These mostly wait on controllers and containers, so they overlap well with each
-# other and with the CPU-bound tiers. First match wins; every other test is grouped with its file
-# (a module-scoped training, say, then runs once).
-XDIST_GROUPS = (
-    ("node_cluster", "node"), ("images", "node"), ("test_base", "node"), ("docker_engine", "node"),
-    ("local_registry", "node"), ("live_cluster", "live"), ("cluster", "apiserver"),
-)
+GROUP = pytest.StashKey[str]()  # a test's xdist group (support/worker_groups.py)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -221,6 +212,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if any(f in fixtures for f in CLUSTER_FIXTURES):
             item.add_marker(pytest.mark.cluster)
             item.add_marker(pytest.mark.timeout(3600))
-        # The rest by file: a module's fixtures (a module-scoped training, say) then run once.
-        group = next((g for fixture, g in XDIST_GROUPS if fixture in fixtures), item.nodeid.split("::")[0])
+        group = worker_groups.group_of(fixtures, item.nodeid)
         item.add_marker(pytest.mark.xdist_group(group))
+        item.stash[GROUP] = group
+    # Stable: the rest keep their order, and a group's tests stay in theirs.
+    items.sort(key=lambda item: worker_groups.rank(item.stash[GROUP]))

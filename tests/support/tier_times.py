@@ -3,9 +3,9 @@ and minutes, and the run's wall time, so that `make test` says where its time we
 
 A tier is the folder under tests/ (unit, training, cluster, ...); a test's time is its setup, call
 and teardown, so a session fixture's first use (a cluster, an image build) counts in the tier of the
-test that paid for it. Under xdist it also gives the minutes of each shared group (tests/conftest.py's
-XDIST_GROUPS: one worker runs a group from start to end, so the longest group is a floor under the
-wall time) and of each worker (how evenly the rest filled around them).
+test that paid for it. Under xdist it also gives the minutes of each shared group
+(tests/support/worker_groups.py: one worker runs a group from start to end, so the longest group is
+a floor under the wall time) and of each worker (how evenly the rest filled around them).
 """
 
 from __future__ import annotations

@@ -14,3 +14,12 @@ def test_no_two_test_files_share_a_name():
     for path in TESTS.rglob("test_*.py"):
         by_name[path.name].append(str(path.relative_to(TESTS)))
     assert not {name: paths for name, paths in by_name.items() if len(paths) > 1}
+
+
+def test_each_group_handed_out_first_still_exists():
+    from support.worker_groups import LONGEST_FIRST, SHARED
+
+    shared = {group for _, group in SHARED}
+    gone = [g for g in LONGEST_FIRST if g not in shared and not (TESTS.parent / g).is_file()]
+    assert not gone, f"support/worker_groups.py's LONGEST_FIRST names groups that no longer exist: {gone}"
+    assert len(set(LONGEST_FIRST)) == len(LONGEST_FIRST)
