@@ -16,6 +16,7 @@ import itertools
 import json
 import random
 from array import array
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
@@ -124,10 +125,13 @@ def _train_unigram(spec: TokenizerTraining, sentences: Iterable[str], normalizer
                    pre_tokenizer: pre_tokenizers.PreTokenizer) -> models.Unigram:
     # The tokenizers Unigram trainer takes its seed pieces from a suffix array over the
     # *distinct* words, so a frequent word that is not part of any other word ("▁gibt") is
-    # never a candidate and ends up spelt letter by letter. Feeding every distinct word once
-    # more, doubled ("▁gibt▁gibt"), makes each word a candidate. Pieces born across that seam
-    # contain an inner "▁", can never match a pre-tokenized word, and are dropped afterwards.
-    distinct: set[str] = set()
+    # never a candidate and ends up spelt letter by letter. Feeding a word once more, doubled
+    # ("▁gibt▁gibt"), makes it a candidate. Pieces born across that seam contain an inner "▁",
+    # can never match a pre-tokenized word, and are dropped afterwards. Only the vocab_size most
+    # frequent words are doubled (no more words can have a piece of their own): doubling every
+    # distinct word filled the seeds with rare words and seam pieces, and cost about 3x the
+    # memory and twice the time for more tokens per sentence (docs/benchmarks.md).
+    distinct: Counter[str] = Counter()
 
     def words() -> Iterator[str]:
         # A stream: a list of every word would hold some 13 strings per sentence.
@@ -135,7 +139,7 @@ def _train_unigram(spec: TokenizerTraining, sentences: Iterable[str], normalizer
             pieces = [w for w, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(sentence))]
             distinct.update(pieces)
             yield from pieces
-        yield from (w + w for w in sorted(distinct))
+        yield from (w + w for w in sorted(w for w, _ in distinct.most_common(spec.vocab_size)))
 
     # No normalizer or pre-tokenizer here: each fed string is exactly one word.
     scratch = Tokenizer(models.Unigram())

@@ -138,6 +138,15 @@ def test_pieces_have_no_inner_metaspace(trained):
     assert not [piece for piece in _vocab(out) if "▁" in piece[1:]]
 
 
+def test_frequent_words_that_are_part_of_no_other_become_pieces(tmp_path):
+    # The Unigram trainer's suffix array sees a word that occurs in no other word once, and never
+    # makes it a candidate: without the doubling these would be spelt in pieces (checked).
+    frequent = ["Hier gibt es Wasser", "Das ist sehr gut", "Es gibt sehr viel"] * 40
+    others = [f"Wort{a}{b}{c}" for a in "qxzjvk" for b in "qxzjvk" for c in "qxzjvk"]
+    train_tokenizer(training("unigram", 200), frequent + others, tmp_path)
+    assert {"▁gibt", "▁sehr", "▁Wasser"} <= set(_vocab(tmp_path))
+
+
 def test_min_frequency_limits_bpe(tmp_path):
     small = train_tokenizer(training("bpe", 5000, minFrequency=50), PAIRS, tmp_path / "a")
     big = train_tokenizer(training("bpe", 5000, minFrequency=1), PAIRS, tmp_path / "b")
