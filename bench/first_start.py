@@ -76,10 +76,10 @@ def _imported() -> None:
 def job_first_start(work: Path, workers: int, original: bool = False) -> dict:
     """`rosetta train`'s data stage on one process, phase by phase (prepare_data's steps)."""
     _imported()
-    import rosetta_trainer.commands.train as trainer
     from rosetta_trainer.data.batching import batch_shapes, plan_epoch
     from rosetta_trainer.preparation.data_checks import read_checked
     from rosetta_trainer.preparation.data_identity import data_identity
+    from rosetta_trainer.preparation.prepare_data import prepare_tokenizer
     from rosetta_trainer.preparation.shards import PREPARED_DIR, find_prepared, prepare_corpus
 
     spec = example_spec(work, original)
@@ -96,7 +96,7 @@ def job_first_start(work: Path, workers: int, original: bool = False) -> dict:
     data = read_checked(d, read_train=False)
     text = data.training_text.pairs(spec.uses_task_prefix())
     enter(TOKENIZER)
-    tokenizer = trainer._prepare_tokenizer(spec, text, output, world, None, identity)
+    tokenizer = prepare_tokenizer(spec, text, output, world, None, identity)
     enter(PREPARE)
     if find_prepared(output / PREPARED_DIR, identity, tokenizer, d.max_source_length, d.max_target_length, world):
         raise RuntimeError("a first start found prepared data")
