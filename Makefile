@@ -26,8 +26,8 @@ demo: install
 	$(VENV)/bin/rosetta run -f examples/quickstart.yaml --output runs/quickstart
 
 # Two workers: the tests that share a cluster, the real node or the integration control plane run
-# as one group each (tests/conftest.py) and mostly wait on controllers and containers while the
-# other worker runs the rest. The slowest tests and a line per tier (tests/support/tier_times.py)
+# as one group each (tests/support/worker_groups.py, longest groups first) and mostly wait on
+# controllers and containers while the other worker runs the rest. The slowest tests and a line per tier (tests/support/tier_times.py)
 # end the report: where the time went (docs/testing.md). Three workers were slower on two cores
 # (43.9 minutes of pytest against 27.8, measured): the controllers they wait on need the same cores.
 test: install

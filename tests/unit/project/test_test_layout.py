@@ -23,3 +23,10 @@ def test_each_group_handed_out_first_still_exists():
     gone = [g for g in LONGEST_FIRST if g not in shared and not (TESTS.parent / g).is_file()]
     assert not gone, f"support/worker_groups.py's LONGEST_FIRST names groups that no longer exist: {gone}"
     assert len(set(LONGEST_FIRST)) == len(LONGEST_FIRST)
+
+
+def test_make_keeps_the_collection_order_it_hands_out():
+    # Without --no-loadscope-reorder xdist reorders the groups by their number of tests and
+    # LONGEST_FIRST silently stops mattering.
+    runs = [line for line in (TESTS.parent / "Makefile").read_text().splitlines() if "--dist loadgroup" in line]
+    assert runs and all("--no-loadscope-reorder" in line for line in runs), runs

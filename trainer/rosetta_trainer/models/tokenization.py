@@ -121,6 +121,12 @@ def _sentences(texts: Iterable[str | tuple[str, str]], max_sentences: int | None
         start = end
 
 
+def _words_to_double(counts: Counter[str], limit: int) -> list[str]:
+    """The words that may each become a piece of their own: the `limit` most frequent (ties by
+    first occurrence, so the same data gives the same words), in a fixed order."""
+    return sorted(word for word, _ in counts.most_common(limit))
+
+
 def _train_unigram(spec: TokenizerTraining, sentences: Iterable[str], normalizer: normalizers.Normalizer,
                    pre_tokenizer: pre_tokenizers.PreTokenizer) -> models.Unigram:
     # The tokenizers Unigram trainer takes its seed pieces from a suffix array over the
@@ -131,15 +137,15 @@ def _train_unigram(spec: TokenizerTraining, sentences: Iterable[str], normalizer
     # frequent words are doubled (no more words can have a piece of their own): doubling every
     # distinct word filled the seeds with rare words and seam pieces, and cost about 3x the
     # memory and twice the time for more tokens per sentence (docs/benchmarks.md).
-    distinct: Counter[str] = Counter()
+    counts: Counter[str] = Counter()
 
     def words() -> Iterator[str]:
         # A stream: a list of every word would hold some 13 strings per sentence.
         for sentence in sentences:
             pieces = [w for w, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(sentence))]
-            distinct.update(pieces)
+            counts.update(pieces)
             yield from pieces
-        yield from (w + w for w in sorted(w for w, _ in distinct.most_common(spec.vocab_size)))
+        yield from (w + w for w in _words_to_double(counts, spec.vocab_size))
 
     # No normalizer or pre-tokenizer here: each fed string is exactly one word.
     scratch = Tokenizer(models.Unigram())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import unicodedata
+from collections import Counter
 
 import pytest
 from transformers import AutoTokenizer
@@ -16,6 +17,7 @@ from rosetta_trainer.models.tokenization import (
     UNK_ID,
     _sentences,
     _subsample,
+    _words_to_double,
     load_tokenizer,
     train_tokenizer,
 )
@@ -145,6 +147,14 @@ def test_frequent_words_that_are_part_of_no_other_become_pieces(tmp_path):
     others = [f"Wort{a}{b}{c}" for a in "qxzjvk" for b in "qxzjvk" for c in "qxzjvk"]
     train_tokenizer(training("unigram", 200), frequent + others, tmp_path)
     assert {"▁gibt", "▁sehr", "▁Wasser"} <= set(_vocab(tmp_path))
+
+
+def test_only_the_most_frequent_words_are_doubled():
+    counts = Counter({"▁b": 5, "▁a": 5, "▁rare": 1, "▁c": 3, "▁once": 1})
+    assert _words_to_double(counts, 3) == ["▁a", "▁b", "▁c"]
+    assert _words_to_double(counts, 100) == sorted(counts)
+    # A tie at the limit goes to the word seen first, whatever the hash order.
+    assert _words_to_double(Counter(["▁y", "▁x"]), 1) == ["▁y"]
 
 
 def test_min_frequency_limits_bpe(tmp_path):
