@@ -439,6 +439,7 @@ def step_multi30k_bleu(args) -> dict:
         spec["tokenizer"]["train"]["vocabSize"] = CPU_VOCAB
         spec["data"]["train"][0]["limit"] = 2000
         spec["training"]["batch"]["tokens"] = 1000
+        spec["training"]["logInterval"] = 1  # the first step is what starts the clock
     else:
         spec["gpusPerNode"] = 1
         spec["training"].update(device="cuda", precision="bf16", compile="reduce-overhead")
@@ -446,8 +447,11 @@ def step_multi30k_bleu(args) -> dict:
     config.write_text(yaml.safe_dump(document, sort_keys=False))
     cmd = [sys.executable, "-m", "rosetta_trainer", "train", "-f", str(config), "--output", str(out), "--no-progress"]
     proc = subprocess.Popen(cmd, stdout=sys.stderr, stderr=sys.stderr)
+    # The seconds count from the first logged step: the start (tokenizer, compilation) takes
+    # longer on a busy machine, and a SIGTERM before the first step leaves nothing to evaluate.
+    started = wait_for_first_step(proc, out / "metrics.jsonl", timeout=600)
     try:
-        proc.wait(timeout=seconds)
+        proc.wait(timeout=seconds if started else 0)
     except subprocess.TimeoutExpired:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)
@@ -455,7 +459,7 @@ def step_multi30k_bleu(args) -> dict:
 
     checkpoint = latest_checkpoint(out / "checkpoints")
     if checkpoint is None:
-        raise SystemExit("the training wrote no checkpoint")
+        raise SystemExit(f"the training wrote no checkpoint (exit {proc.returncode})")
     evaluation = args.work / "multi30k-eval"
     subprocess.run([sys.executable, "-m", "rosetta_trainer", "evaluate", "--checkpoint", str(checkpoint),
                     "--output", str(evaluation)] + (["--max-samples", "16", "--beams", "1"] if args.cpu else []),
@@ -465,6 +469,16 @@ def step_multi30k_bleu(args) -> dict:
     bleu = find_bleu(scores)
     return {"train_seconds": seconds, "steps": steps, "scores": scores,
             "table": {"test_2016_flickr BLEU": f"{bleu} after {seconds} s of training ({steps} steps)"}}
+
+
+def wait_for_first_step(proc: subprocess.Popen, metrics: Path, *, timeout: float) -> bool:
+    """Whether the training logged a step within `timeout` s (False: it ended or never got there)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists() and metrics.stat().st_size:
+            return True
+        time.sleep(0.5)
+    return False
 
 
 def find_bleu(scores) -> float | None:
