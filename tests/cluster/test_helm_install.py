@@ -23,7 +23,7 @@ import yaml
 from test_lifecycle import small_training, wait_running
 from workloads import provision, status
 
-from control_plane import find_assets, free_port, versions
+from control_plane import find_helm, free_port, versions
 from support.chart import GUIDES, MONITORING_APIS, helm_installs
 from support.cluster import OperatorProcess, wait_for
 
@@ -36,7 +36,7 @@ def helm(cluster, tmp_path: Path, *args: str, kubeconfig: str = "") -> subproces
     kubeconfig = kubeconfig or (cluster.kubeconfig if cluster is not None else str(tmp_path / "no-kubeconfig"))
     env = {**os.environ, "KUBECONFIG": kubeconfig, "HELM_CACHE_HOME": str(tmp_path / "cache"),
            "HELM_CONFIG_HOME": str(tmp_path / "config"), "HELM_DATA_HOME": str(tmp_path / "data")}
-    binary = cluster.cp.assets.bin("helm") if cluster is not None else find_assets().bin("helm")
+    binary = cluster.cp.assets.bin("helm") if cluster is not None else find_helm()
     return subprocess.run([str(binary), *args], env=env, capture_output=True, text=True, timeout=180)
 
 

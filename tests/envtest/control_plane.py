@@ -114,18 +114,31 @@ def find_assets(build: bool = True, log: Optional[Path] = None) -> Assets:
     return Assets(folder, origin)
 
 
-def build_assets(folder: Path, log: Optional[Path] = None) -> None:
+def find_helm(log: Optional[Path] = None) -> Path:
+    """helm from the cache, built alone when the cache is not complete: linting a chart needs no
+    cluster, and where the cache is empty (a fresh machine's `make test-fast`) building all of one
+    for it took longer than the test's timeout."""
+    folder = cache_dir()
+    if not _complete(folder):
+        build_assets(folder, log, components=["helm"])
+    return Assets(folder, str(folder)).bin("helm")
+
+
+def build_assets(folder: Path, log: Optional[Path] = None, components: Optional[list[str]] = None) -> None:
+    """Build (or complete) the cache; only `components` (build-cluster.sh's names) when given."""
     log = log or folder.parent / "build-cluster.log"
     log.parent.mkdir(parents=True, exist_ok=True)
+    what = ", ".join(components) if components else "the test cluster (first run only, ~25 min on 2 cores)"
     # pytest captures output; a silent twenty-minute pause would look like a hang.
-    print(f"\nbuilding the test cluster into {folder} (first run only, ~25 min on 2 cores); log: {log}",
-          file=sys.__stderr__, flush=True)
+    print(f"\nbuilding {what} into {folder}; log: {log}", file=sys.__stderr__, flush=True)
     started = time.monotonic()
+    env = {**os.environ, "ROSETTA_CLUSTER_COMPONENTS": " ".join(components)} if components else None
     with open(log, "ab") as out:
-        rc = subprocess.call([str(BUILD_SCRIPT), str(folder)], stdout=out, stderr=subprocess.STDOUT)
+        rc = subprocess.call([str(BUILD_SCRIPT), str(folder)], stdout=out, stderr=subprocess.STDOUT, env=env)
     if rc != 0:
         raise ControlPlaneError(f"{BUILD_SCRIPT} failed (exit {rc}); last lines of {log}:\n{_tail(log)}")
-    print(f"test cluster built in {time.monotonic() - started:.0f} s", file=sys.__stderr__, flush=True)
+    print(f"{', '.join(components) if components else 'test cluster'} built in {time.monotonic() - started:.0f} s",
+          file=sys.__stderr__, flush=True)
 
 
 # ------------------------------------------------------------------------------ helpers
