@@ -46,8 +46,8 @@ class EncodedCorpus:
         return len(self.sources)
 
     def lengths(self) -> tuple[np.ndarray, np.ndarray]:
-        return (np.fromiter(map(len, self.sources), dtype=np.int64, count=len(self)),
-                np.fromiter(map(len, self.targets), dtype=np.int64, count=len(self)))
+        return (np.fromiter(map(len, self.sources), dtype=np.int32, count=len(self)),
+                np.fromiter(map(len, self.targets), dtype=np.int32, count=len(self)))
 
 
 def encode(tokenizer: PreTrainedTokenizerBase, sources: list[str], targets: list[str], max_source: int, max_target: int) -> EncodedCorpus:
@@ -176,8 +176,7 @@ def plan_epoch(
     src_lengths, tgt_lengths = np.asarray(src_lengths), np.asarray(tgt_lengths)
     n = len(src_lengths)
     rng = np.random.default_rng([seed, epoch])
-    noise = rng.permutation(n)
-    order = _length_order(src_lengths, tgt_lengths, noise)
+    order = _length_order(src_lengths, tgt_lengths, _permutation(rng, n))
 
     if max_tokens is not None:
         # Padding is monotone, so the padded running maximum is the running maximum of the padded lengths.
@@ -188,6 +187,17 @@ def plan_epoch(
     bounds = np.asarray(starts + [n], dtype=np.int64)
     shuffled = rng.permutation(len(starts))
     return EpochPlan(order, bounds, shuffled[:len(shuffled) - len(shuffled) % world_size])
+
+
+def _permutation(rng: np.random.Generator, n: int) -> np.ndarray:
+    """`rng.permutation(n)` in 32-bit integers where n allows: numpy shuffles an arange, drawing the
+    same numbers whatever its item size, so the order (and the generator's state after it) is the
+    same in half the memory."""
+    if n >= 2**31:
+        return rng.permutation(n)
+    order = np.arange(n, dtype=np.int32)
+    rng.shuffle(order)
+    return order
 
 
 def _length_order(src: np.ndarray, tgt: np.ndarray, noise: np.ndarray) -> np.ndarray:
@@ -201,6 +211,7 @@ def _length_order(src: np.ndarray, tgt: np.ndarray, noise: np.ndarray) -> np.nda
     span = int(longer.max(initial=0)) + 1
     wide = np.uint16 if span * span <= 1 << 16 else np.int64
     key = longer.astype(wide) * wide(span) + shorter.astype(wide)
+    del longer, shorter  # a pair's lengths twice over, not needed past the key
     index = np.int32 if len(noise) < 2**31 else np.int64
     by_noise = np.empty(len(noise), dtype=index)
     by_noise[noise] = np.arange(len(noise), dtype=index)

@@ -15,6 +15,7 @@ from rosetta_trainer.preparation.data_checks import CheckedData, SplitReport, Tr
 from rosetta_trainer.preparation.data_identity import data_identity
 from rosetta_trainer.preparation.shards import PREPARED_DIR, ShardedCorpus, find_prepared, prepare_corpus
 from rosetta_trainer.preparation.tokenizer_reuse import forget, remember, reusable, trained_from
+from rosetta_trainer.runtime.cpu_allocator import give_back_freed_memory
 from rosetta_trainer.runtime.distributed import World, broadcast_object, failure, raise_failures
 
 if TYPE_CHECKING:
@@ -73,6 +74,7 @@ def prepare_tokenizer(spec: TrainerSpec, text: Iterable[tuple[str, str]], output
             else:
                 forget(out)  # a tokenizer half-overwritten below must not pass for the old one
                 train_tokenizer(spec.tokenizer.train, text, out)
+                give_back_freed_memory()
                 remember(out, record)
         except Exception as exc:  # reading the text can fail: the other ranks must hear of it
             if not world.distributed:

@@ -76,6 +76,7 @@ from rosetta_trainer.preparation.shard_writer import (  # noqa: F401
     tokenizer_fingerprint,
     write,
 )
+from rosetta_trainer.runtime.cpu_allocator import give_back_freed_memory
 from rosetta_trainer.runtime.distributed import (
     World,
     all_gather_objects,
@@ -94,6 +95,9 @@ _SHARED_PROBE = ".shared-probe-"
 log = logging.getLogger(__name__)
 
 
+LENGTHS_SLICE = 1 << 20
+
+
 class Ragged:
     """Sequences stored end to end: `ragged[i]` is sequence i, a (memory-mapped) numpy view."""
 
@@ -107,7 +111,14 @@ class Ragged:
         return self.ids[self.offsets[i]:self.offsets[i + 1]]
 
     def lengths(self) -> np.ndarray:
-        return np.diff(self.offsets)
+        """Each sequence's length in 32 bits (a sequence is one sentence's tokens): a training holds
+        them for every epoch's plan, and np.diff of the 64-bit offsets would take twice the memory
+        and a 64-bit copy of the whole. Taken a slice at a time."""
+        out = np.empty(len(self), dtype=np.int32)
+        for start in range(0, len(out), LENGTHS_SLICE):
+            stop = min(start + LENGTHS_SLICE, len(out))
+            np.subtract(self.offsets[start + 1:stop + 1], self.offsets[start:stop], out=out[start:stop], casting="unsafe")
+        return out
 
 
 class ShardedCorpus:
@@ -309,6 +320,10 @@ def prepare_corpus(root: Path, tokenizer: PreTrainedTokenizerBase, pairs: Iterab
     corpus = ShardedCorpus(root / keys[0])
     meta = corpus.meta
     wrote = bool(outcome and outcome["wrote"])  # by this process
+    if wrote:
+        # The reading, the duplicate filter and the batches sent to the tokenizing processes are
+        # freed now; the training's own allocations would not reuse most of that heap.
+        give_back_freed_memory()
     log.info("training data: %s %d pairs (%d source + %d target tokens, %s) %s %s in %.1fs",
              "tokenized and wrote" if wrote else "mapped prepared", meta["pairs"],
              meta["tokens"]["source"], meta["tokens"]["target"], meta["dtype"],

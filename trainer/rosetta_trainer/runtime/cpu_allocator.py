@@ -15,6 +15,9 @@ where fresh mappings always start at the same one, and MKL's matrix kernels can 
 differently with the offset. A run resumed from a checkpoint then drifts from an
 uninterrupted one in the last bits (seen in tests/faults/test_kill_resume.py), where with
 glibc's defaults it is bitwise identical.
+
+The other way round, once: `give_back_freed_memory` after a phase whose freed memory the next one
+cannot reuse (the tokenizer's training, before the corpus is tokenized).
 """
 
 from __future__ import annotations
@@ -40,13 +43,31 @@ def keep_freed_memory() -> bool:
     """
     if os.environ.get(ENV, "").lower() != "keep":
         return False
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name)
-        libc.gnu_get_libc_version  # noqa: B018 - only glibc has mallopt with these meanings
-    except (OSError, AttributeError, TypeError):
+    libc = _glibc()
+    if libc is None:
         return False
     applied = bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
     if not applied:
         log.warning("mallopt refused the CPU allocator settings; training runs with glibc's defaults")
     return applied
+
+
+def give_back_freed_memory() -> bool:
+    """Return the heap's free pages to the OS (glibc's malloc_trim); whether any were returned.
+
+    For the end of a phase that freed much more than what comes next allocates: the tokenizer
+    trainer's working memory (some 100 MiB of small blocks, docs/benchmarks.md) stays in the
+    process's RSS after it is freed, and the tokenizing that follows, whose own allocations are
+    smaller and differently sized, stacks its peak on top instead of reusing it.
+    """
+    libc = _glibc()
+    return bool(libc.malloc_trim(0)) if libc is not None else False
+
+
+def _glibc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        libc.gnu_get_libc_version  # noqa: B018 - only glibc has mallopt and malloc_trim with these meanings
+    except (OSError, AttributeError, TypeError):
+        return None
+    return libc

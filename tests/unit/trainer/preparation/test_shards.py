@@ -100,6 +100,14 @@ def test_prepared_ids_are_the_in_memory_ids(pairs, tokenizer, tmp_path):
         assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_lengths_are_32_bit_and_the_same_across_the_slices_they_are_taken_in(monkeypatch):
+    offsets = np.cumsum([0, *range(1, 40)], dtype=np.int64) + (1 << 33)  # offsets past 32 bits
+    monkeypatch.setattr(shards, "LENGTHS_SLICE", 7)
+    lengths = shards.Ragged(np.empty(0), offsets).lengths()
+    assert lengths.dtype == np.int32
+    assert lengths.tolist() == list(range(1, 40))
+
+
 def test_worker_processes_give_the_same_ids(pairs, tokenizer):
     sources, targets = pairs
     alone = flat(shards.tokenize(tokenizer, zip(sources, targets), 48, 48, workers=1))
