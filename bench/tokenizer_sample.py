@@ -1,6 +1,6 @@
 """The tokenizer's training sample against training on every sentence: memory, time, vocabulary.
 
-`tokenizer.train.maxSentences` defaults to a seeded reservoir sample of 1,000,000 pairs. This
+`tokenizer.train.maxSentences` defaults to a seeded reservoir sample of 300,000 pairs. This
 trains the tokenizer as the trainer does (rosetta_trainer.models.tokenization.train_tokenizer, one
 thread: the trainer sets TOKENIZERS_PARALLELISM=false) on a corpus of --pairs pairs streamed from
 its files, once on everything (`maxSentences: null`) and once per --samples size, each in a fresh

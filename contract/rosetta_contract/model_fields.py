@@ -71,7 +71,7 @@ class TokenizerTraining(Model):
     # and null differ on purpose (null overrides the default, as clipGradNorm's does): null and 0
     # both train on every sentence.
     max_sentences: Optional[int] = Field(
-        1_000_000, ge=0,
+        300_000, ge=0,
         description="Train on a seeded sample of at most this many sentences per side (pairs); null or 0 means all.",
     )
 

@@ -189,7 +189,7 @@ def train_tokenizer(
     """Train a BPE or Unigram tokenizer on `texts` and save it to `out_dir`.
 
     `texts` holds strings, or (source, target) pairs for a tokenizer shared by both languages,
-    and is read once, as a stream. `spec.max_sentences` (by default 1,000,000) caps the items
+    and is read once, as a stream. `spec.max_sentences` (by default 300,000) caps the items
     used: with pairs that is "at most N sentences per side", as the spec field says. The sample
     is seeded (SAMPLE_SEED), so every rank and every restart trains the same tokenizer from the
     same data, and it is all that is held: memory is flat in the corpus size. With

@@ -1,6 +1,6 @@
 """The tokenizer's training sample: a seeded reservoir over the whole stream, on by default.
 
-`tokenizer.train.maxSentences` defaults to 1,000,000 pairs (sentencepiece's input_sentence_size);
+`tokenizer.train.maxSentences` defaults to 300,000 pairs (sentencepiece's input_sentence_size);
 null or 0 trains on everything. The sample is drawn in one pass and holds at most that many
 items, so a first start's memory does not grow with the corpus.
 """
@@ -29,8 +29,8 @@ def training(**fields) -> TokenizerTraining:
 
 
 def test_a_sample_by_default_and_null_or_zero_for_everything():
-    assert TokenizerTraining().max_sentences == 1_000_000
-    assert TokenizerTraining.model_validate({}).max_sentences == 1_000_000
+    assert TokenizerTraining().max_sentences == 300_000
+    assert TokenizerTraining.model_validate({}).max_sentences == 300_000
     assert TokenizerTraining.model_validate({"maxSentences": None}).max_sentences is None
     assert TokenizerTraining.model_validate({"maxSentences": 0}).max_sentences == 0
     with pytest.raises(ValidationError, match="maxSentences"):
