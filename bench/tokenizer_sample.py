@@ -120,7 +120,9 @@ def run(fn, *args) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", type=int, default=300_000)
-    parser.add_argument("--samples", default="1000000,100000,29000",
+    from rosetta_contract.model_fields import TokenizerTraining
+
+    parser.add_argument("--samples", default=f"{TokenizerTraining().max_sentences},100000,29000",
                         help="sample sizes (pairs) to compare with everything; the first is the spec's default")
     parser.add_argument("--type", default="unigram", choices=["unigram", "bpe"])
     parser.add_argument("--vocab-size", type=int, default=8000)

@@ -128,17 +128,17 @@ def build_assets(folder: Path, log: Optional[Path] = None, components: Optional[
     """Build (or complete) the cache; only `components` (build-cluster.sh's names) when given."""
     log = log or folder.parent / "build-cluster.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    what = ", ".join(components) if components else "the test cluster (first run only, ~25 min on 2 cores)"
+    what = ", ".join(components) if components else "the test cluster"
     # pytest captures output; a silent twenty-minute pause would look like a hang.
-    print(f"\nbuilding {what} into {folder}; log: {log}", file=sys.__stderr__, flush=True)
+    print(f"\nbuilding {what} into {folder}{'' if components else ' (first run only, ~25 min on 2 cores)'}; log: {log}",
+          file=sys.__stderr__, flush=True)
     started = time.monotonic()
     env = {**os.environ, "ROSETTA_CLUSTER_COMPONENTS": " ".join(components)} if components else None
     with open(log, "ab") as out:
         rc = subprocess.call([str(BUILD_SCRIPT), str(folder)], stdout=out, stderr=subprocess.STDOUT, env=env)
     if rc != 0:
         raise ControlPlaneError(f"{BUILD_SCRIPT} failed (exit {rc}); last lines of {log}:\n{_tail(log)}")
-    print(f"{', '.join(components) if components else 'test cluster'} built in {time.monotonic() - started:.0f} s",
-          file=sys.__stderr__, flush=True)
+    print(f"{what} built in {time.monotonic() - started:.0f} s", file=sys.__stderr__, flush=True)
 
 
 # ------------------------------------------------------------------------------ helpers

@@ -16,8 +16,9 @@ differently with the offset. A run resumed from a checkpoint then drifts from an
 uninterrupted one in the last bits (seen in tests/faults/test_kill_resume.py), where with
 glibc's defaults it is bitwise identical.
 
-The other way round, once: `give_back_freed_memory` after a phase whose freed memory the next one
-cannot reuse (the tokenizer's training, before the corpus is tokenized).
+The other way round, at a few points of a first start: `give_back_freed_memory` after a phase
+whose freed memory the next one cannot reuse (the tokenizer's training, before the corpus is
+tokenized; the writing of the prepared shards, before the plan and the model).
 """
 
 from __future__ import annotations
