@@ -4,11 +4,13 @@ import numpy as np
 import pytest
 import torch
 
+from rosetta_trainer.data import batching
 from rosetta_trainer.data.batching import (
     IGNORE_INDEX,
     BatchShapes,
     Collation,
     EncodedCorpus,
+    _length_sorted,
     collate,
     iterate,
     plan_epoch,
@@ -53,7 +55,7 @@ def test_bucketing_wastes_far_less_padding_than_random_batches(lengths):
 @pytest.mark.parametrize("budget", [{"max_tokens": 64}, {"max_tokens": 1000}, {"max_tokens": 25_000},
                                     {"max_sentences": 1}, {"max_sentences": 32}])
 @pytest.mark.parametrize("shapes", [BatchShapes(), BatchShapes(multiple=8), BatchShapes(buckets=(16, 48, 128))])
-@pytest.mark.parametrize("longest", [120, 400])  # the 16-bit sort key, and the wide one
+@pytest.mark.parametrize("longest", [120, 400, 70_000])  # packed words, and lengths too long to pack
 def test_the_vectorised_plan_is_the_per_example_plan(budget, shapes, longest):
     # Long-tailed lengths: some batches are far longer than the packer's first window, some one sentence.
     rng = np.random.default_rng(7)
@@ -62,6 +64,20 @@ def test_the_vectorised_plan_is_the_per_example_plan(budget, shapes, longest):
     for seed, epoch, world in ((1, 0, 1), (3, 2, 4)):
         expected = reference_plan(src, tgt, seed=seed, epoch=epoch, world_size=world, shapes=shapes, **budget)
         assert plan_epoch(src, tgt, seed=seed, epoch=epoch, world_size=world, shapes=shapes, **budget) == expected
+
+
+@pytest.mark.parametrize("carry_index", [True, False])
+@pytest.mark.parametrize("longest", [3, 180, 65_535])
+def test_packed_length_sort_is_lexsort_whether_the_index_rides_in_the_word_or_not(carry_index, longest, monkeypatch):
+    monkeypatch.setattr(batching, "_SLICE", 1000)  # three slices and a short one
+    rng = np.random.default_rng(longest)
+    src = rng.integers(0, longest + 1, size=3000).astype(np.int32)
+    tgt = rng.integers(0, longest + 1, size=3000).astype(np.int32)
+    noise = np.random.default_rng(1).permutation(3000)
+    order, src_sorted, tgt_sorted = _length_sorted(src, tgt, np.random.default_rng(1), carry_index=carry_index)
+    expected = np.lexsort((noise, np.minimum(src, tgt), np.maximum(src, tgt)))
+    assert order.tolist() == expected.tolist()
+    assert src_sorted.tolist() == src[expected].tolist() and tgt_sorted.tolist() == tgt[expected].tolist()
 
 
 def test_an_empty_corpus_plans_no_batches():
