@@ -21,6 +21,13 @@ transformers) and read the spec. `data_scale.py --first-start` runs both against
 peer; on its own:
 
     .venv/bin/python bench/first_start.py --multi30k    # the example on Multi30k and on ×10, ~3 min
+
+With --pairs N, `rosetta train` itself runs the example on N number-word pairs with one optimizer
+step, from the files to that step (its metrics line): the seconds a user waits on one process,
+start-up and model included; its log's phase lines and the peak RSS of the command and its
+tokenizing processes come with them:
+
+    .venv/bin/python bench/first_start.py --pairs 16000000 --output bench/results/first_step_16m.json
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ import datetime
 import json
 import os
 import platform
+import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -159,20 +168,57 @@ def multi30k_and_ten_times(work: Path, workers: int) -> dict:
             "ten_times_adds_to_peak_rss_mib": round(ten["peak_rss_mib"] - original["peak_rss_mib"], 1)}
 
 
+def first_step_of_rosetta_train(work: Path, pairs: int) -> dict:
+    """`rosetta train` on `pairs` number-word pairs with the example's settings and one step: the
+    seconds from the command's start to its first optimizer step's metrics line."""
+    corpus = run_spawned("corpus", make_corpus, (work, pairs))
+
+    def files(source: Path, target: Path) -> str:
+        return json.dumps([{"format": "pairs", "source": str(source), "target": str(target)}])
+
+    output = work / "run"
+    command = [str(Path(sys.executable).parent / "rosetta"), "train", "-f", str(EXAMPLE), "-o", str(output),
+               "--no-progress",
+               "--set", f"spec.data.train={files(work / 'train.en', work / 'train.de')}",
+               "--set", f"spec.data.validation={files(MULTI30K / 'val.en.gz', MULTI30K / 'val.de.gz')}",
+               "--set", f"spec.data.test={files(MULTI30K / 'test_2016_flickr.en.gz', MULTI30K / 'test_2016_flickr.de.gz')}",
+               "--set", "spec.training.maxSteps=1", "--set", "spec.training.logInterval=1",
+               "--set", "spec.evaluation.atEnd=false", "--set", "spec.metrics.port=0"]
+    log = work / "rosetta-train.log"
+    started, first_step = time.perf_counter(), None
+    with log.open("w") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+        while proc.poll() is None:
+            metrics = output / "metrics.jsonl"
+            if first_step is None and metrics.exists() and any('"step"' in line for line in metrics.read_text().splitlines()):
+                first_step = time.perf_counter() - started
+            time.sleep(0.5)
+    ended = time.perf_counter() - started
+    if proc.returncode:
+        raise RuntimeError(f"rosetta train failed ({proc.returncode}):\n{log.read_text()[-3000:]}")
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"pairs": pairs, "corpus": corpus, "seconds_to_first_step": round(first_step or ended, 1),
+            "seconds_to_exit": round(ended, 1), "cpu_seconds": round(children.ru_utime + children.ru_stime, 1),
+            "largest_peak_rss_of_a_process_mib": _mib(children.ru_maxrss * 1024),
+            "log": [line for line in log.read_text().splitlines() if " INFO " in line or "training data" in line][:40]}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--multi30k", action="store_true", help="the example on Multi30k and on ten copies")
+    parser.add_argument("--pairs", type=int, help="`rosetta train` itself on this many pairs, to its first step")
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--workdir", help="keep the corpus and outputs here (default: a temporary directory)")
     parser.add_argument("--output", default=str(REPO / "bench" / "results" / "first_start_multi30k.json"))
     args = parser.parse_args()
-    if not args.multi30k:
-        parser.error("give --multi30k (data_scale.py --first-start measures the large corpora)")
+    if not args.multi30k and not args.pairs:
+        parser.error("give --multi30k or --pairs (data_scale.py --first-start measures the large corpora)")
     with tempfile.TemporaryDirectory(prefix="rosetta-first-start-", dir=args.workdir) as tmp:
         started, load = time.perf_counter(), os.getloadavg()[0]
+        figures = first_step_of_rosetta_train(Path(tmp), args.pairs) if args.pairs \
+            else multi30k_and_ten_times(Path(tmp), args.workers)
         result = {"date": datetime.date.today().isoformat(), "machine": f"{os.cpu_count()}-core CPU, {platform.machine()}",
-                  "config": str(EXAMPLE.relative_to(REPO)), "load_average_at_start": load,
-                  **multi30k_and_ten_times(Path(tmp), args.workers),
+                  "config": str(EXAMPLE.relative_to(REPO)), "load_average_at_start": load, **figures,
                   "wall_seconds": round(time.perf_counter() - started, 1), "load_average_at_end": os.getloadavg()[0]}
     write_result(result, args.output)
     return 0
