@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 IGNORE_INDEX = -100  # labels with this value do not contribute to the loss
-_SLICE = 1 << 16  # pairs per slice where a plan builds its temporaries slice by slice (fits a core's L2)
+_SLICE = 1 << 16  # pairs per slice where a plan builds its temporaries (half a MiB of words)
 
 
 class Corpus(Protocol):
@@ -200,9 +200,10 @@ def _length_sorted(src: np.ndarray, tgt: np.ndarray, rng: np.random.Generator,
     sorted by numpy's vectorised sort: no argsort, and the sorted lengths come out of the words with
     no gather. Where the bits allow (at 16M pairs, sentences up to 180 tokens), the index rides in
     the word too, between noise and flag; otherwise it is found from the noise through the inverse
-    permutation (one scatter and one gather). The words are built and read in slices, and the
-    permutation is freed once it is in the words, so that the peak is the words and the three
-    results (20 bytes a pair): numpy shuffles 64-bit integers faster than 32-bit ones."""
+    permutation (one scatter and one gather). The words are built and read in slices. The
+    permutation is numpy's own 64-bit one (numpy shuffles 64-bit items faster than 32-bit ones) and
+    is freed once it is in the words, so the peak is the words and the three results: 20 bytes a
+    pair, 24 where the index comes from the inverse."""
     n = len(src)
     noise = rng.permutation(n)
     lowest, span = (min(int(src.min()), int(tgt.min())), max(int(src.max()), int(tgt.max())) + 1) if n else (0, 0)
@@ -212,7 +213,7 @@ def _length_sorted(src: np.ndarray, tgt: np.ndarray, rng: np.random.Generator,
     bits = max(1, (n - 1).bit_length())
     if carry_index is None:
         carry_index = (span * span - 1).bit_length() + 2 * bits + 1 <= 64
-    carry = bits if carry_index else 0  # the key takes ≤ 32 bits and n ≤ 31: the word holds the rest
+    carry = bits if carry_index else 0  # key ≤ 32 bits, noise ≤ 31, flag 1: the word holds them
     words = np.empty(n, dtype=np.uint64)
     for lo in range(0, n, _SLICE):
         s, t = src[lo:lo + _SLICE], tgt[lo:lo + _SLICE]
