@@ -56,8 +56,8 @@ def former_plan(revision: str):
     return module.plan_epoch
 
 
-def alternate(revision: str, pairs: int, tokens: int, rounds: int = 5) -> None:
-    before, src, tgt = former_plan(revision), *lengths(pairs)
+def alternate(revision: str, src: np.ndarray, tgt: np.ndarray, tokens: int, rounds: int = 5) -> None:
+    before, pairs = former_plan(revision), len(src)
     times: dict[str, list[float]] = {"today": [], revision: []}
     for _ in range(rounds):
         ours, batches = timed(plan_epoch, src, tgt, tokens)
@@ -77,14 +77,14 @@ def main(argv=None) -> None:
     p.add_argument("--against", metavar="REV", help="also time batching.py at this git revision, alternating")
     args = p.parse_args(argv)
     print("| pairs | plan_epoch (s) | per-example plan (s) | ratio | batches |\n|---:|---:|---:|---:|---:|")
-    for pairs in (int(x) for x in args.pairs.split(",")):
+    for pairs in sorted(int(x) for x in args.pairs.split(",")):
         src, tgt = lengths(pairs)
         ours, batches = timed(plan_epoch, src, tgt, args.tokens)
         theirs, expected = timed(reference_plan, src, tgt, args.tokens)
         assert batches == expected, "the plans differ"
         print(f"| {pairs:,} | {ours:.2f} | {theirs:.2f} | {theirs / ours:.1f}x | {len(batches):,} |", flush=True)
     if args.against:
-        alternate(args.against, max(int(x) for x in args.pairs.split(",")), args.tokens)
+        alternate(args.against, src, tgt, args.tokens)  # the largest size's lengths, drawn above
 
 
 if __name__ == "__main__":

@@ -129,9 +129,9 @@ def build_assets(folder: Path, log: Optional[Path] = None, components: Optional[
     log = log or folder.parent / "build-cluster.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     what = ", ".join(components) if components else "the test cluster"
+    how_long = "" if components else " (first run only, ~25 min on 2 cores)"
     # pytest captures output; a silent twenty-minute pause would look like a hang.
-    print(f"\nbuilding {what} into {folder}{'' if components else ' (first run only, ~25 min on 2 cores)'}; log: {log}",
-          file=sys.__stderr__, flush=True)
+    print(f"\nbuilding {what} into {folder}{how_long}; log: {log}", file=sys.__stderr__, flush=True)
     started = time.monotonic()
     env = {**os.environ, "ROSETTA_CLUSTER_COMPONENTS": " ".join(components)} if components else None
     with open(log, "ab") as out:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
 
@@ -65,6 +66,7 @@ def give_back_freed_memory() -> bool:
     return bool(libc.malloc_trim(0)) if libc is not None else False
 
 
+@functools.cache  # find_library runs `ldconfig -p` in a subprocess: once per process is enough
 def _glibc() -> ctypes.CDLL | None:
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c"))

@@ -80,6 +80,18 @@ def test_packed_length_sort_is_lexsort_whether_the_index_rides_in_the_word_or_no
     assert src_sorted.tolist() == src[expected].tolist() and tgt_sorted.tolist() == tgt[expected].tolist()
 
 
+@pytest.mark.parametrize("longest", [180, 65_535])
+def test_the_packed_sort_chooses_a_route_whose_word_holds_everything(longest):
+    # 40,000 pairs: 16 bits of index; with sentences up to 65,535 tokens (a 32-bit key) the index
+    # no longer fits beside the noise, and a wrong choice would overflow the words.
+    rng = np.random.default_rng(longest)
+    src = rng.integers(0, longest + 1, size=40_000).astype(np.int32)
+    tgt = rng.integers(0, longest + 1, size=40_000).astype(np.int32)
+    noise = np.random.default_rng(1).permutation(40_000)
+    order, _, _ = _length_sorted(src, tgt, np.random.default_rng(1))
+    assert order.tolist() == np.lexsort((noise, np.minimum(src, tgt), np.maximum(src, tgt))).tolist()
+
+
 def test_an_empty_corpus_plans_no_batches():
     assert plan_epoch(np.zeros(0, int), np.zeros(0, int), seed=1, epoch=0, max_tokens=100) == []
 
