@@ -81,7 +81,7 @@ verify: generate
 BENCH_STAMP := $(VENV)/.installed-bench
 
 $(BENCH_STAMP): $(STAMP)
-	$(PIP) install --python $(PY) -c $(CONSTRAINTS) -e '.[operator,trainer,deepspeed,s3,dev,export,tracking,bench]'
+	$(PIP) install --python $(PY) -c $(CONSTRAINTS) --compile-bytecode -e '.[operator,trainer,deepspeed,s3,dev,export,tracking,bench]'
 	touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)

@@ -103,6 +103,9 @@ def test_one_torch_pin_and_one_constraints_file_for_image_and_ci():
     assert _args()["TORCH"] == torch, "the Dockerfile's and the Makefile's torch differ"
     installs = [line for line in makefile.splitlines() if "$(PIP) install" in line and "--upgrade pip" not in line]
     assert installs and all("-c $(CONSTRAINTS)" in line for line in installs), installs
+    # Compiled once at install: uv leaves bytecode to the first import, which writes nothing where
+    # PYTHONDONTWRITEBYTECODE is set, and then every process compiles torch's sources again.
+    assert all("--compile-bytecode" in line for line in installs), installs
     # The installer itself is pinned, so that a clean clone resolves as the last one did.
     assert re.search(r"^UV\s*\?=\s*uv==[\d.]+$", makefile, re.M)
     # mypy's cache outside the checkout: out of the images' build context, shared by clean clones.
