@@ -213,6 +213,15 @@ def _rank(rank: int, port: int, roots: list[str], local_size: int, tokenizer_dir
         torch.distributed.destroy_process_group()
 
 
+def _rank_processes():
+    """Fresh processes forked from one server that imported torch and this module once: spawning
+    each rank imported them again (seven tests, sixteen processes, ~4 s of imports each), and
+    forking the pytest worker itself would copy its threads' state into the ranks."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", __name__])
+    return ctx
+
+
 def _two_ranks(tmp_path, tokenizer, pairs, roots, local_size, target=_rank, texts=None):
     """What each of two ranks got; `texts`: what each passes as its training text (by default the
     pairs for both)."""
@@ -220,7 +229,7 @@ def _two_ranks(tmp_path, tokenizer, pairs, roots, local_size, target=_rank, text
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
+    ctx = _rank_processes()
     results = ctx.Queue()
     texts = texts or [list(zip(*pairs))] * 2
     procs = [ctx.Process(target=target, args=(r, port, [str(root) for root in roots], local_size, str(tmp_path / "tok"),
