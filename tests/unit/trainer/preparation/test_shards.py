@@ -215,7 +215,7 @@ def _rank(rank: int, port: int, roots: list[str], local_size: int, tokenizer_dir
 
 def _rank_processes():
     """Fresh processes forked from one server that imported torch and this module once: spawning
-    each rank imported them again (seven tests, sixteen processes, ~4 s of imports each), and
+    each rank imported them again (six tests, fourteen processes, ~4 s of imports each), and
     forking the pytest worker itself would copy its threads' state into the ranks."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "torch.distributed", __name__])
