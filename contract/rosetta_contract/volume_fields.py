@@ -52,7 +52,8 @@ class VolumeSpec(Model):
         "other",
         description=(
             "checkpoints: the run writes <mountPath>/<training name> (ROSETTA_OUTPUT), at most one; "
-            "data / model: exported as ROSETTA_DATA_DIR / ROSETTA_MODEL_DIR; cache: HF_HOME lives here; other."
+            "data / model: exported as ROSETTA_DATA_DIR / ROSETTA_MODEL_DIR; cache: HF_HOME and DeepSpeed's "
+            "compiled CPU Adam live here (built once per machine type, not at every start); other."
         ),
     )
     read_only: bool = Field(False, description="Mount read-only.")

@@ -55,6 +55,10 @@ def launcher_env(spec: TranslationTrainingSpec, names: Names) -> list[dict[str, 
         vol = spec.volume_for(purpose)
         if vol:
             values[var] = vol.mount_path
+    cache = spec.volume_for("cache")
+    if cache:
+        # DeepSpeed's CPU Adam is built there once per machine type, not at every start (ops_cache.py).
+        values["ROSETTA_OPS_CACHE"] = f"{cache.mount_path}/deepspeed-ops"
     # The trainer reports how much of the grace its stop checkpoint used; torchrun would
     # otherwise SIGKILL its workers 30 s after SIGTERM, whatever the pod's grace.
     values["ROSETTA_GRACE_PERIOD_S"] = values["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(grace_period_seconds(spec))

@@ -248,7 +248,7 @@ def test_checkpoint_data_model_and_cache_mounts():
     env, mounts, vols = env_of(rendered), mounts_of(rendered), volumes_of(rendered)
     assert env["ROSETTA_OUTPUT"] == "/runs/wmt"
     assert env["ROSETTA_DATA_DIR"] == "/data" and env["ROSETTA_MODEL_DIR"] == "/models"
-    assert env["HF_HOME"] == "/cache/huggingface"
+    assert env["HF_HOME"] == "/cache/huggingface" and env["ROSETTA_OPS_CACHE"] == "/cache/deepspeed-ops"
     assert mounts["/data"] == {"name": "corpus", "mountPath": "/data", "readOnly": True}
     assert mounts["/runs"] == {"name": "runs", "mountPath": "/runs", "subPath": "team-a"}
     assert vols["corpus"] == {"name": "corpus", "persistentVolumeClaim": {"claimName": "efs-data", "readOnly": True}}
@@ -261,7 +261,7 @@ def test_without_a_checkpoints_volume_the_run_writes_to_scratch():
     assert env_of(rendered)["ROSETTA_OUTPUT"] == "/checkpoints/demo"
     assert volumes_of(rendered)["output"] == {"name": "output", "emptyDir": {}}
     assert mounts_of(rendered)["/checkpoints"]["name"] == "output"
-    assert "ROSETTA_DATA_DIR" not in env_of(rendered) and "HF_HOME" not in env_of(rendered)
+    assert not {"ROSETTA_DATA_DIR", "HF_HOME", "ROSETTA_OPS_CACHE"} & set(env_of(rendered))
 
 
 def test_host_path_is_rendered_only_when_allowed():

@@ -21,6 +21,7 @@ from rosetta_contract.config import TrainerSpec
 from rosetta_contract.documents import deep_merge
 from rosetta_contract.strict_model import ConfigError
 from rosetta_trainer.checkpoints.deepspeed_checkpoints import CONFIG_FILE, TAG, weights_only_loads
+from rosetta_trainer.engine.ops_cache import prepare_cpu_adam
 from rosetta_trainer.engine.optimization import make_optimizer, make_scheduler, param_groups
 from rosetta_trainer.models.losses import label_smoothed_cross_entropy
 from rosetta_trainer.models.seq2seq_loss import IGNORE_INDEX, decoder_mask, padding_mask_4d
@@ -121,6 +122,7 @@ class DeepSpeedBackend:
         cuda = world.device.type == "cuda"
         self.config = deepspeed_config(spec, cuda)
         skip_cpu_shared_memory_collectives(cuda)
+        prepare_cpu_adam(self.config)
         groups = param_groups(model, t.weight_decay)
         client_optimizer = None
         if "optimizer" not in self.config:
