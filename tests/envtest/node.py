@@ -7,7 +7,8 @@ creates (10.244.0.0/24, nowhere else), kube-proxy turns Service IPs into iptable
 answers the cluster's names (a JobSet's `<jobset>-<job>-0-0.<jobset>` included).
 
 Images cannot be pulled (no registry is reachable): `RealNode.load_image` copies one from the Docker
-engine into containerd, once per image ID; containerd's image store is kept between runs under
+engine into containerd through a registry of its own on 127.0.0.1 (node_registry.py: only the
+layers that changed travel), once per image ID; containerd's image store is kept between runs under
 ${ROSETTA_NODE_CACHE:-~/.cache/rosetta/node}. The pod sandbox image and CoreDNS are built here from
 the binaries build-cluster.sh compiled.
 
@@ -36,6 +37,7 @@ from typing import Optional
 
 import yaml
 
+import node_registry
 from control_plane import Assets, ControlPlane, ControlPlaneError, _tail, free_port, versions, wait_until
 
 HERE = Path(__file__).resolve().parent
@@ -111,6 +113,7 @@ class RealNode:
         self.socket = STATE / "containerd.sock"
         self.kubelet_root = self.workdir / "kubelet"
         self.ports: dict[str, int] = {}
+        self.registry: Optional[str] = None  # 127.0.0.1:PORT once started
 
     # ------------------------------------------------------------------- lifecycle
 
@@ -140,6 +143,8 @@ class RealNode:
         _run(str(self.assets.bin("kube-proxy")), "--cleanup", check=False)  # its iptables chains
         self._kill_containers()
         self.cp.stop_process("containerd")
+        self.cp.stop_process(node_registry.PROCESS)
+        self.registry = None
         self._unmount_all(self.kubelet_root)
         self._unmount_all(STATE)  # sandboxes' /dev/shm mounts
         shutil.rmtree(STATE, ignore_errors=True)
@@ -262,7 +267,8 @@ state = '{STATE / "state"}'
             self._ctr("images", "rm", "--sync", *orphans, timeout=600)
 
     def load_image(self, ref: str, *also: str, docker: str = "docker") -> bool:
-        """Copy `ref` from the Docker engine into the node (once per image ID) and tag it `also`.
+        """Copy `ref` from the Docker engine into the node (once per image ID, through the node's
+        registry) and tag it `also`.
         Returns whether it was copied (False: already there)."""
         image_id = _run(docker, "image", "inspect", "--format", "{{.Id}}", ref).stdout.strip()
         marker = self.cache / "imported" / re.sub(r"[^A-Za-z0-9_.-]", "_", ref)
@@ -270,14 +276,14 @@ state = '{STATE / "state"}'
         if not (marker.exists() and marker.read_text() == image_id and self.has_image(ref)):
             # The superseded build stays until the new one is in: its layers are the new build's too
             # (a source change alters the trainer's last few MB, not its GBs), and containerd neither
-            # stores nor unpacks a layer it holds already. Removed after, below: one copy in the store.
-            save = subprocess.Popen([docker, "save", ref], stdout=subprocess.PIPE)
+            # fetches nor unpacks a layer it has a snapshot of. Removed after, below: one copy in the store.
+            remote = node_registry.remote_name(self._registry(), _qualified(ref))
+            node_registry.push(ref, remote, docker)
             try:
-                self._ctr("images", "import", "-", stdin=save.stdout, timeout=1800)
+                self._ctr("images", "pull", "--plain-http", remote, timeout=1800)
+                self._ctr("images", "tag", "--force", remote, _qualified(ref))
             finally:
-                save.stdout.close()
-                if save.wait() != 0:
-                    raise ControlPlaneError(f"docker save {ref} exited {save.returncode}")
+                self._ctr("images", "rm", remote, check=False)
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.write_text(image_id)
             copied = True
@@ -286,6 +292,12 @@ state = '{STATE / "state"}'
         if copied:
             self.remove_superseded_images()
         return copied
+
+    def _registry(self) -> str:
+        """The node's registry (node_registry.py), started on the first image that must be copied."""
+        if self.registry is None:
+            self.registry = node_registry.start(self.cp, self.cache / "registry")
+        return self.registry
 
     def _load_pause(self) -> None:
         if self.has_image(pause_image()):
