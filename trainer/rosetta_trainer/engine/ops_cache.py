@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,7 @@ def build_cpu_adam(folder: Path) -> None:
              "or loading", folder, waited, time.monotonic() - started - waited)
 
 
-def prepare_cpu_adam(config: dict) -> None:
+def prepare_cpu_adam(config: dict[str, Any]) -> None:
     """Before deepspeed.initialize: when its config offloads a DeepSpeed Adam to the CPU and a cache
     is set, build CPU Adam there (DeepSpeed's own load then finds it built)."""
     offload = config.get("zero_optimization", {}).get("offload_optimizer", {}).get("device")
