@@ -151,6 +151,15 @@ def _tail(path: Path, lines: int = 40) -> str:
         return "(no log)"
 
 
+def answers(url: str) -> bool:
+    """Whether a plain-HTTP server answers `url` with 200 (a helper server's readiness)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
 def wait_until(ready, what: str, timeout: float = 60, interval: float = 0.1) -> None:
     """Poll `ready()` until it is true; ControlPlaneError naming `what` after `timeout` seconds."""
     deadline = time.monotonic() + timeout

@@ -17,11 +17,10 @@ blobs only superseded builds referenced (their tag has moved on) go.
 from __future__ import annotations
 
 import subprocess
-import urllib.request
 import zlib
 from pathlib import Path
 
-from control_plane import ControlPlane, ControlPlaneError, free_port, wait_until
+from control_plane import ControlPlane, ControlPlaneError, answers, free_port, wait_until
 
 SCRIPT = Path(__file__).resolve().parents[1] / "images" / "local-registry.sh"
 PROCESS = "node-registry"
@@ -31,14 +30,6 @@ def stable_port(storage: Path) -> int:
     """A port in 50000-59999 that depends only on the storage's path (tests/images' registry uses
     40000-49999 the same way)."""
     return 50000 + zlib.crc32(str(storage.resolve()).encode()) % 10000
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
 
 
 def _port_free(port: int) -> bool:
@@ -68,7 +59,7 @@ def start(cp: ControlPlane, storage: Path, timeout: float = 300) -> str:
 
     def ready() -> bool:
         cp.check_alive(PROCESS)
-        return _answers(f"http://127.0.0.1:{port}/v2/")
+        return answers(f"http://127.0.0.1:{port}/v2/")
 
     try:
         wait_until(ready, f"the node's registry not answering on 127.0.0.1:{port}", timeout)

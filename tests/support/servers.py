@@ -5,11 +5,12 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 from typing import Iterator
 
 import pytest
+
+from control_plane import answers
 
 
 @contextlib.contextmanager
@@ -20,7 +21,7 @@ def server(argv: list[str], log: Path, ready_url: str, what: str, timeout: float
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + timeout
-            while not _answers(ready_url):
+            while not answers(ready_url):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     pytest.fail(f"{what} did not answer at {ready_url}:\n{log.read_text(errors='replace')[-3000:]}",
                                 pytrace=False)
@@ -33,11 +34,3 @@ def server(argv: list[str], log: Path, ready_url: str, what: str, timeout: float
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
