@@ -11,9 +11,11 @@ in every assertion message: `KILL_SEED=<seed> pytest tests/faults/test_kill_resu
 failure's plan (the exact step a kill lands on still varies by a step or two with the timing).
 
 A 2-rank start-up (torchrun and two trainers) costs about twice a 1-rank one on 2 cores, so the 1-rank
-runs take 10 of the kills and one 2-rank run (DDP over gloo) the other 5. Each run's kills during a
-save land in phases drawn without replacement: the two 1-rank runs kill each phase twice, wherever
-their steps fall (three runs of random phases took 19 trainer starts to cover what 13 now do).
+runs take 10 of the kills and one 2-rank run (DDP over gloo) 3: one of each rank and a third of
+either, two of them during a save (it killed 5 times, 7 gang starts for what 5 now do). Each run's
+kills during a save land in phases drawn without replacement: the two 1-rank runs kill each phase
+twice, wherever their steps fall (three runs of random phases took 19 trainer starts to cover what
+13 now do).
 """
 
 from __future__ import annotations
@@ -40,10 +42,9 @@ from support.training import TINY, deep_update, read_jsonl
 pytestmark = pytest.mark.slow
 
 SEED = int(os.environ.get("KILL_SEED", "20261121"))
-KILLS_PER_RUN = 5
+KILLS_PER_RUN = 5  # one rank; a 2-rank run kills TWO_RANK_KILLS times
+TWO_RANK_KILLS = 3
 INTERVAL = 5
-# Each kill lands within 2 intervals of the newest checkpoint, so the runs never run out of steps.
-MAX_STEPS = 2 * INTERVAL * (KILLS_PER_RUN + 1) + 4
 POLL = 0.002
 TIMEOUT = 300
 RESUMED = re.compile(r"resuming from (\S+) \(step (\d+)\)")
@@ -51,15 +52,22 @@ RESUMED = re.compile(r"resuming from (\S+) \(step (\d+)\)")
 # the COMPLETE marker written but the directory not yet renamed into place.
 SAVE_PHASES = {"created": ".", "weights written": "model/model.safetensors", "marked complete": "COMPLETE"}
 
-CONFIG = deep_update(TINY, {"spec": {
-    "model": {"dropout": 0.1},
-    "data": {"train": [{"format": "generated", "size": 400, "seed": 1}]},
-    "training": {"maxSteps": MAX_STEPS, "logInterval": 1},
-    "checkpoint": {"interval": INTERVAL, "keep": 2},
-    # no evaluation: it does not touch the weights and would only lengthen every attempt
-    "evaluation": {"interval": 100000, "atEnd": False},
-    "metrics": {"port": 0, "tensorboard": False},
-}})
+
+def max_steps(kills: int) -> int:
+    """Each kill lands within 2 intervals of the newest checkpoint, so the runs never run out of steps."""
+    return 2 * INTERVAL * (kills + 1) + 4
+
+
+def config(kills: int) -> dict:
+    return deep_update(TINY, {"spec": {
+        "model": {"dropout": 0.1},
+        "data": {"train": [{"format": "generated", "size": 400, "seed": 1}]},
+        "training": {"maxSteps": max_steps(kills), "logInterval": 1},
+        "checkpoint": {"interval": INTERVAL, "keep": 2},
+        # no evaluation: it does not touch the weights and would only lengthen every attempt
+        "evaluation": {"interval": 100000, "atEnd": False},
+        "metrics": {"port": 0, "tensorboard": False},
+    }})
 
 
 @dataclass
@@ -77,6 +85,7 @@ class Kill:
 @dataclass
 class Run:
     ranks: int
+    planned: int  # kills before the attempt that finishes
     output: Path
     kills: list[Kill] = field(default_factory=list)
     attempts: int = 0
@@ -127,16 +136,16 @@ def stop_attempt(proc: subprocess.Popen, victim: int | None) -> None:
 
 
 def kill_and_resume(cfg: Path, run: Run, rng: random.Random, save_kills: int) -> None:
-    """KILLS_PER_RUN attempts each killed at a random point, then one that finishes.
+    """run.planned attempts each killed at a random point, then one that finishes.
 
     Every draw is made whatever the timing, so that a seed always gives the same plan.
     """
-    kinds = ["save"] * save_kills + ["step"] * (KILLS_PER_RUN - save_kills)
+    kinds = ["save"] * save_kills + ["step"] * (run.planned - save_kills)
     rng.shuffle(kinds)
     phases = rng.sample(sorted(SAVE_PHASES), save_kills)  # a save kill lands in a phase of its own
     # each rank of a gang is killed at least once
-    victims = [*range(run.ranks)] * (KILLS_PER_RUN // run.ranks)
-    victims += [rng.randrange(run.ranks) for _ in range(KILLS_PER_RUN - len(victims))]
+    victims = [*range(run.ranks)] * (run.planned // run.ranks)
+    victims += [rng.randrange(run.ranks) for _ in range(run.planned - len(victims))]
     rng.shuffle(victims)
     for kind, rank in zip([*kinds, None], [*victims, None]):
         newest = newest_step(run.checkpoints)
@@ -187,12 +196,12 @@ def attempt(cfg: Path, run: Run, stale: set[str]) -> subprocess.Popen:
     return proc
 
 
-def train_and_kill(tmp_path: Path, ranks: int, runs: int, save_kills: int) -> tuple[Run, list[Run]]:
+def train_and_kill(tmp_path: Path, ranks: int, runs: int, save_kills: int, kills: int) -> tuple[Run, list[Run]]:
     cfg = tmp_path / "training.yaml"
-    cfg.write_text(yaml.safe_dump(CONFIG))
+    cfg.write_text(yaml.safe_dump(config(kills)))
     rng = random.Random(SEED * 10 + ranks)
-    reference = Run(ranks, tmp_path / "reference")
-    interrupted = [Run(ranks, tmp_path / f"run-{i}") for i in range(runs)]
+    reference = Run(ranks, kills, tmp_path / "reference")
+    interrupted = [Run(ranks, kills, tmp_path / f"run-{i}") for i in range(runs)]
     try:
         proc = attempt(cfg, reference, set())
         assert proc.wait(timeout=TIMEOUT) == 0, reference.logs[-1].read_text()[-3000:]
@@ -205,7 +214,7 @@ def train_and_kill(tmp_path: Path, ranks: int, runs: int, save_kills: int) -> tu
 
 
 def weights(run: Run) -> dict[str, torch.Tensor]:
-    return load_file(run.checkpoints / step_dir_name(MAX_STEPS) / "model" / "model.safetensors")
+    return load_file(run.checkpoints / step_dir_name(max_steps(run.planned)) / "model" / "model.safetensors")
 
 
 def assert_same_as_uninterrupted(reference: Run, run: Run) -> None:
@@ -216,13 +225,13 @@ def assert_same_as_uninterrupted(reference: Run, run: Run) -> None:
         # never a half-written checkpoint: always the newest complete one the kill left
         assert kill.resumed_from == kill.resume_point, story
     summary = json.loads((run.output / "summary.json").read_text())
-    assert summary["steps"] == MAX_STEPS and summary["completed"] is True, story
-    assert summary["restart_attempt"] == KILLS_PER_RUN, story
+    assert summary["steps"] == max_steps(run.planned) and summary["completed"] is True, story
+    assert summary["restart_attempt"] == run.planned, story
     assert summary["resumed_from_step"] == run.kills[-1].resume_point, story
 
     # the metrics read as one run: every step once, with the loss of the uninterrupted run
     ref_steps, steps = read_jsonl(reference.metrics), read_jsonl(run.metrics)
-    assert [r["step"] for r in steps] == list(range(1, MAX_STEPS + 1)), story
+    assert [r["step"] for r in steps] == list(range(1, max_steps(run.planned) + 1)), story
     for key in ("loss", "grad_norm", "lr"):
         assert [r[key] for r in steps] == [r[key] for r in ref_steps], f"{key} differs; {story}"
     ref, got = weights(reference), weights(run)
@@ -247,7 +256,7 @@ def report(label: str, reference: Run, runs: list[Run]) -> None:
 
 
 def test_sigkill_at_random_steps_and_mid_checkpoint_one_rank(tmp_path):
-    reference, runs = train_and_kill(tmp_path, ranks=1, runs=2, save_kills=3)
+    reference, runs = train_and_kill(tmp_path, ranks=1, runs=2, save_kills=3, kills=KILLS_PER_RUN)
     report("1 rank", reference, runs)
     for run in runs:
         assert_same_as_uninterrupted(reference, run)
@@ -261,7 +270,7 @@ def test_sigkill_at_random_steps_and_mid_checkpoint_one_rank(tmp_path):
 
 
 def test_sigkill_of_either_rank_of_a_two_rank_gang(tmp_path):
-    reference, (run,) = train_and_kill(tmp_path, ranks=2, runs=1, save_kills=2)
+    reference, (run,) = train_and_kill(tmp_path, ranks=2, runs=1, save_kills=2, kills=TWO_RANK_KILLS)
     report("2 ranks", reference, [run])
     assert_same_as_uninterrupted(reference, run)
-    assert len(run.kills) == 5 and {k.rank for k in run.kills} == {0, 1}
+    assert len(run.kills) == TWO_RANK_KILLS and {k.rank for k in run.kills} == {0, 1}
