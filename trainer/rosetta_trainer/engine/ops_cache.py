@@ -24,6 +24,7 @@ import importlib.metadata
 import logging
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import time
@@ -49,9 +50,9 @@ def cpu_identity(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
 
 
 def compiler_version() -> str:
-    compiler = os.environ.get("CXX") or shutil.which("c++") or "c++"
+    compiler = shlex.split(os.environ.get("CXX") or "") or [shutil.which("c++") or "c++"]  # CXX may be "ccache g++"
     try:
-        return subprocess.run([compiler, "-dumpfullversion", "-dumpversion"], capture_output=True, text=True,
+        return subprocess.run([*compiler, "-dumpfullversion", "-dumpversion"], capture_output=True, text=True,
                               timeout=30).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return "none"
@@ -82,6 +83,8 @@ def build_cpu_adam(folder: Path) -> None:
     from deepspeed.accelerator import get_accelerator
 
     builder = get_accelerator().create_op_builder("CPUAdamBuilder")  # the accelerator's flavour, as DeepSpeed's
+    if builder is None:
+        return
     started = time.monotonic()
     with open(folder / "build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -94,11 +97,21 @@ def build_cpu_adam(folder: Path) -> None:
 
 def prepare_cpu_adam(config: dict[str, Any]) -> None:
     """Before deepspeed.initialize: when its config offloads a DeepSpeed Adam to the CPU and a cache
-    is set, build CPU Adam there (DeepSpeed's own load then finds it built)."""
+    is set, build CPU Adam there (DeepSpeed's own load then finds it built).
+
+    A cache that cannot be used (read-only, full, an NFS mount without locks) costs the saving, not
+    the run: DeepSpeed then builds in the pod's own folder, as without a cache."""
     offload = config.get("zero_optimization", {}).get("offload_optimizer", {}).get("device")
     optimizer = str(config.get("optimizer", {}).get("type", "")).lower()
     if offload != "cpu" or optimizer not in ("adam", "adamw"):
         return
-    folder = use_ops_cache()
-    if folder is not None:
-        build_cpu_adam(folder)
+    folder = None
+    try:
+        folder = use_ops_cache()
+        if folder is not None:
+            build_cpu_adam(folder)
+    except OSError as exc:
+        if folder is not None:  # set by use_ops_cache: DeepSpeed's default again
+            os.environ.pop(EXTENSIONS_ENV, None)
+        log.warning("the ops cache %s cannot be used (%s): DeepSpeed builds CPU Adam in the pod's own folder",
+                    os.environ.get(CACHE_ENV), exc)

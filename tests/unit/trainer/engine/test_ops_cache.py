@@ -55,3 +55,14 @@ def test_only_an_offloaded_deepspeed_adam_is_built(monkeypatch):
     assert not built
     ops_cache.prepare_cpu_adam({**offload, "optimizer": {"type": "AdamW"}})
     assert built == [True]
+
+
+def test_a_cache_that_cannot_be_used_leaves_the_build_to_deepspeed(monkeypatch, tmp_path, caplog):
+    monkeypatch.delenv(ops_cache.EXTENSIONS_ENV, raising=False)
+    not_a_folder = tmp_path / "ops"
+    not_a_folder.write_text("")  # as a read-only or lock-less mount refuses, with an OSError
+    monkeypatch.setenv(ops_cache.CACHE_ENV, str(not_a_folder))
+    ops_cache.prepare_cpu_adam({"zero_optimization": {"offload_optimizer": {"device": "cpu"}},
+                                "optimizer": {"type": "AdamW"}})
+    assert ops_cache.EXTENSIONS_ENV not in ops_cache.os.environ
+    assert f"the ops cache {not_a_folder} cannot be used" in caplog.text
