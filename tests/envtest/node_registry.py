@@ -16,6 +16,7 @@ blobs only superseded builds referenced (their tag has moved on) go.
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import zlib
 from pathlib import Path
@@ -26,15 +27,13 @@ SCRIPT = Path(__file__).resolve().parents[1] / "images" / "local-registry.sh"
 PROCESS = "node-registry"
 
 
-def stable_port(storage: Path) -> int:
-    """A port in 50000-59999 that depends only on the storage's path (tests/images' registry uses
-    40000-49999 the same way)."""
-    return 50000 + zlib.crc32(str(storage.resolve()).encode()) % 10000
+def stable_port(storage: Path, base: int = 50000) -> int:
+    """A port in base..base+9999 that depends only on the storage's path (tests/images' registry
+    uses 40000-49999 the same way)."""
+    return base + zlib.crc32(str(storage.resolve()).encode()) % 10000
 
 
-def _port_free(port: int) -> bool:
-    import socket
-
+def port_free(port: int) -> bool:
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the registry binds
         try:
@@ -53,7 +52,7 @@ def start(cp: ControlPlane, storage: Path, timeout: float = 300) -> str:
         subprocess.run(["bash", str(SCRIPT), "--garbage-collect", str(storage)], capture_output=True,
                        timeout=600, check=False)
     port = stable_port(storage)
-    if not _port_free(port):
+    if not port_free(port):
         port = free_port()  # Docker may then upload every layer again
     cp.spawn(PROCESS, ["bash", str(SCRIPT), str(port), str(storage)])
 

@@ -23,12 +23,12 @@ import os
 import shutil
 import socket
 import subprocess
-import zlib
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
+from node_registry import port_free, stable_port
 from support.images import HERE
 from support.servers import server
 
@@ -37,24 +37,6 @@ PREVIOUS = "before-"  # prefix of an earlier session's tag while this session ru
 
 def registry_cache() -> Path:
     return Path(os.environ.get("ROSETTA_REGISTRY_CACHE") or "~/.cache/rosetta/registry").expanduser()
-
-
-def stable_port(root: Path) -> int:
-    """A port in 40000-49999 that depends only on the storage's path: Docker's record of what it
-    pushed is keyed by host:port, so the port must be the same from one session to the next."""
-    return 40000 + zlib.crc32(str(root.resolve()).encode()) % 10000
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        # As the registry binds (Go sets SO_REUSEADDR): the last session's connections in TIME_WAIT
-        # do not make the port taken.
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 def _free_port() -> int:
@@ -106,8 +88,8 @@ def local_registry(docker_engine, tmp_path_factory) -> Iterator[str]:
         lock.close()
         lock, storage = None, tmp_path_factory.mktemp("registry")
     try:
-        port = stable_port(storage) if lock else _free_port()
-        if not _port_free(port):
+        port = stable_port(storage, 40000) if lock else _free_port()
+        if not port_free(port):
             port = _free_port()  # the cache on a port Docker has not pushed to: maybe a full push
         set_aside_tags(storage)
         script = str(HERE / "local-registry.sh")
