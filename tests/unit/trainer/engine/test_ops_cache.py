@@ -26,9 +26,10 @@ def test_machine_types_that_differ_get_folders_that_differ(monkeypatch):
     monkeypatch.setattr(ops_cache, "cpu_identity", lambda: "model name=A|flags=avx2")
     avx2 = ops_cache.machine_key()
     monkeypatch.setattr(ops_cache, "cpu_identity", lambda: "model name=A|flags=avx2 avx512f")
-    assert ops_cache.machine_key() != avx2
+    avx512 = ops_cache.machine_key()
+    assert avx512 != avx2
     monkeypatch.setattr(ops_cache, "compiler_version", lambda: "99.1.0")
-    assert len({avx2, ops_cache.machine_key()}) == 2
+    assert ops_cache.machine_key() not in (avx2, avx512)  # another compiler, the same CPU
 
 
 def test_the_cache_sets_the_extension_folder_and_the_users_own_wins(monkeypatch, tmp_path):
