@@ -6,6 +6,9 @@ and teardown, so a session fixture's first use (a cluster, an image build) count
 test that paid for it. Under xdist it also gives the minutes of each shared group
 (tests/support/worker_groups.py: one worker runs a group from start to end, so the longest group is
 a floor under the wall time) and of each worker (how evenly the rest filled around them).
+
+Every test's seconds also go into pytest's cache (`.pytest_cache/v/rosetta/durations`, slowest first),
+since `--durations` prints only the top of a list whose long tail is most of the time.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ TESTS = Path(__file__).resolve().parents[1]
 
 
 class TierTimes:
-    def __init__(self) -> None:
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.per_test: dict[str, float] = defaultdict(float)
         self.started = time.monotonic()
         self.seconds: dict[str, float] = defaultdict(float)
         self.tests: dict[str, set[str]] = defaultdict(set)
@@ -30,6 +35,7 @@ class TierTimes:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         tier = tier_of(report.nodeid)
         self.seconds[tier] += report.duration
+        self.per_test[report.nodeid] += report.duration
         self.tests[tier].add(report.nodeid)
         group = group_of(report.nodeid)
         if group:
@@ -49,6 +55,9 @@ class TierTimes:
         for title, seconds in (("shared group", self.groups), ("worker", self.workers)):
             for name in sorted(seconds, key=lambda n: -seconds[n]):
                 terminalreporter.write_line(f"{title} {name:<{23 - len(title)}} {seconds[name] / 60:7.1f} min")
+        if self.config.cache is not None:
+            slowest = sorted(self.per_test.items(), key=lambda item: -item[1])
+            self.config.cache.set("rosetta/durations", {test: round(s, 2) for test, s in slowest})
 
 
 def tier_of(nodeid: str) -> str:
@@ -63,4 +72,4 @@ def group_of(nodeid: str) -> str:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.pluginmanager.register(TierTimes(), "tier-times")
+    config.pluginmanager.register(TierTimes(config), "tier-times")
