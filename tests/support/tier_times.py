@@ -55,9 +55,10 @@ class TierTimes:
         for title, seconds in (("shared group", self.groups), ("worker", self.workers)):
             for name in sorted(seconds, key=lambda n: -seconds[n]):
                 terminalreporter.write_line(f"{title} {name:<{23 - len(title)}} {seconds[name] / 60:7.1f} min")
-        if self.config.cache is not None:
+        cache = getattr(self.config, "cache", None)  # absent under -p no:cacheprovider
+        if cache is not None:
             slowest = sorted(self.per_test.items(), key=lambda item: -item[1])
-            self.config.cache.set("rosetta/durations", {test: round(s, 2) for test, s in slowest})
+            cache.set("rosetta/durations", {test: round(s, 2) for test, s in slowest})
 
 
 def tier_of(nodeid: str) -> str:
