@@ -17,6 +17,7 @@ from torch.types import FileLike
 
 from rosetta_trainer.checkpoints.checkpoint import load_state_file
 from rosetta_trainer.models.models import freeze_fixed_positions, untie_output_for
+from rosetta_trainer.runtime.deepspeed_import import import_deepspeed
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -32,6 +33,7 @@ def checkpoint_classes() -> list[Callable[..., Any] | tuple[Callable[..., Any], 
     each may be unpickled: all are plain data. Unpickling one sets attributes (or, the enum, looks a
     member up by value) and runs none of its own code: none defines __setstate__, __reduce__ or
     __new__. Never add a callable that does work (functools.partial, builtins.eval, a function)."""
+    import_deepspeed()
     from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address
@@ -89,6 +91,7 @@ def is_deepspeed_checkpoint(path: Path) -> bool:
 def consolidated_model(checkpoint: Path) -> PreTrainedModel:
     """The whole model of a DeepSpeed checkpoint, gathered from its ZeRO shards with
     DeepSpeed's zero_to_fp32 (fp32 master weights; no process group needed)."""
+    import_deepspeed()
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from transformers import AutoConfig, AutoModelForSeq2SeqLM, GenerationConfig
 

@@ -25,6 +25,7 @@ from rosetta_trainer.engine.ops_cache import prepare_cpu_adam
 from rosetta_trainer.engine.optimization import make_optimizer, make_scheduler, param_groups
 from rosetta_trainer.models.losses import label_smoothed_cross_entropy
 from rosetta_trainer.models.seq2seq_loss import IGNORE_INDEX, decoder_mask, padding_mask_4d
+from rosetta_trainer.runtime.deepspeed_import import import_deepspeed
 from rosetta_trainer.runtime.distributed import World
 
 if TYPE_CHECKING:
@@ -75,6 +76,7 @@ def skip_cpu_shared_memory_collectives(cuda: bool) -> None:
     """
     if cuda:
         return
+    import_deepspeed()
     import deepspeed.ops
     from deepspeed.accelerator import get_accelerator
 
@@ -95,6 +97,7 @@ def partitioned_loading(spec: TrainerSpec, cuda: bool) -> Iterator[None]:
     if spec.distributed.backend != "deepspeed" or spec.distributed.stage != 3 or spec.model.name is None:
         yield
         return
+    import_deepspeed()  # before transformers' integration imports it
     from transformers.integrations.deepspeed import HfDeepSpeedConfig, unset_hf_deepspeed_config
 
     skip_cpu_shared_memory_collectives(cuda)  # zero.Init initialises distributed
@@ -112,7 +115,7 @@ class DeepSpeedBackend:
 
     def __init__(self, spec: TrainerSpec, world: World, model: PreTrainedModel, total_steps: int) -> None:
         try:
-            import deepspeed
+            deepspeed = import_deepspeed()
         except ImportError:
             raise ConfigError([("spec.distributed.backend", "deepspeed needs DeepSpeed installed: "
                                 "pip install 'rosetta-mt[deepspeed]' (the trainer image has it)")]) from None

@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rosetta_trainer.runtime.deepspeed_import import import_deepspeed
+
 log = logging.getLogger(__name__)
 
 CACHE_ENV = "ROSETTA_OPS_CACHE"
@@ -80,6 +82,7 @@ def use_ops_cache() -> Path | None:
 
 def build_cpu_adam(folder: Path) -> None:
     """Build (or only load) CPU Adam in `folder`, one process at a time."""
+    import_deepspeed()
     from deepspeed.accelerator import get_accelerator
 
     builder = get_accelerator().create_op_builder("CPUAdamBuilder")  # the accelerator's flavour, as DeepSpeed's

@@ -34,6 +34,7 @@ from rosetta_trainer.planning.plan_inputs import (
     model_config,
     shape_of_config,
 )
+from rosetta_trainer.runtime.deepspeed_import import import_deepspeed
 
 # Kept free on every GPU: CUDA context, NCCL and DeepSpeed communication buckets, allocator
 # fragmentation. A setting "fits" when its estimate is at most the rest.
@@ -212,6 +213,7 @@ def node_cpu_bytes(setting: Setting, shape: ModelShape, nodes: int, gpus_per_nod
     """
     try:
         with _quiet_accelerator_detection():
+            import_deepspeed()
             from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
             from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
     except ImportError:
