@@ -13,13 +13,15 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import unicodedata
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import regex  # sacreBLEU's own dependency; unlike re it has \p{M}
-from rouge_score import rouge_scorer, tokenizers
 from sacrebleu.metrics import BLEU, CHRF
 
 from rosetta_contract.metrics import METRICS, ROUGE_METRICS
+
+if TYPE_CHECKING:
+    from rouge_score.rouge_scorer import RougeScorer
 
 GENDERS = ("feminine", "masculine")
 
@@ -104,13 +106,16 @@ _SPACELESS = r"\p{Han}\p{Hiragana}\p{Katakana}"
 _ROUGE_TOKEN = regex.compile(rf"[{_SPACELESS}]|(?:(?![{_SPACELESS}])[\p{{L}}\p{{M}}\p{{N}}])+")
 
 
-class UnicodeTokenizer(tokenizers.Tokenizer):  # type: ignore[misc]  # rouge-score ships no annotations
+class UnicodeTokenizer:
     """Lowercased runs of Unicode letters, marks and digits; Chinese and Japanese per character.
 
     rouge-score's default tokenizer keeps only [a-z0-9]: "Müller" becomes "m", "ller" and a
     Russian, Hindi or Chinese summary becomes no tokens at all, so every score would be 0 or
     computed on the digits alone. Han and kana characters are single tokens, as is usual for
     Chinese and Japanese ROUGE, since those scripts put no spaces between words.
+
+    rouge-score only calls tokenize(), so this does not subclass its Tokenizer: importing
+    rouge-score (and the NLTK it loads) is left to the first ROUGE score, not every trainer's start.
     """
 
     def tokenize(self, text: str) -> list[str]:
@@ -119,7 +124,9 @@ class UnicodeTokenizer(tokenizers.Tokenizer):  # type: ignore[misc]  # rouge-sco
 
 
 @functools.lru_cache(maxsize=None)
-def _rouge_scorer(metrics: tuple[str, ...], english: bool) -> rouge_scorer.RougeScorer:
+def _rouge_scorer(metrics: tuple[str, ...], english: bool) -> RougeScorer:
+    from rouge_score import rouge_scorer
+
     if english:
         return rouge_scorer.RougeScorer(list(metrics), use_stemmer=True, split_summaries=False)
     return rouge_scorer.RougeScorer(list(metrics), tokenizer=UnicodeTokenizer(), split_summaries=False)
