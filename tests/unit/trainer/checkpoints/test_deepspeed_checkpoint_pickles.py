@@ -12,13 +12,16 @@ from collections import OrderedDict
 
 import pytest
 import torch
-from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
-from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
-from deepspeed.runtime.zero.config import ZeroStageEnum
-from deepspeed.utils.tensor_fragment import fragment_address
 
 from rosetta_trainer.checkpoints.checkpoint import UnsafeCheckpointError
 from rosetta_trainer.checkpoints.deepspeed_checkpoints import consolidated_model, weights_only_loads
+from rosetta_trainer.runtime.deepspeed_import import import_deepspeed
+
+import_deepspeed()  # as the trainer does: without the MLflow of DeepSpeed's autotuner (every worker collects this)
+from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine  # noqa: E402
+from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler  # noqa: E402
+from deepspeed.runtime.zero.config import ZeroStageEnum  # noqa: E402
+from deepspeed.utils.tensor_fragment import fragment_address  # noqa: E402
 
 
 class Planted:
