@@ -30,7 +30,7 @@ LONGEST_FIRST = (
     "live", "node", "tests/faults/test_kill_resume.py", "tests/training/test_deepspeed.py",
     "tests/training/test_gpu_checks.py", "tests/training/test_compile.py", "apiserver",
     "tests/localrun/test_local_run.py", "tests/faults/test_sigterm_grace.py",
-    "tests/training/test_activation_checkpointing_ranks.py", "tests/training/test_training.py",
+    "tests/training/test_training.py",
     "tests/faults/test_collective_timeout.py",
 )
 

@@ -1,8 +1,9 @@
 """DeepSpeed ZeRO on CPU: two processes under torchrun (gloo), a tiny T5 from scratch.
 
 One DDP run is the reference. ZeRO-2, and ZeRO-3 with optimizer and parameter offload
-(stopped halfway and resumed from its DeepSpeed checkpoint), must log the same losses
-for the same seed; ZeRO-2 resumes exactly from a copy of its checkpoint, and a copy with a
+(stopped halfway and resumed from its DeepSpeed checkpoint), both with activation checkpointing
+on, must log the same losses for the same seed (recomputing a layer in backward, with its saved RNG
+state, changes no loss; a second DDP run shows it without DeepSpeed); ZeRO-2 resumes exactly from a copy of its checkpoint, and a copy with a
 planted pickle in DeepSpeed's own files is refused without running it; evaluation with generation runs under ZeRO-3 on uneven shards; the
 consolidated Hugging Face export loads, translates and holds the weights DDP reached.
 """
@@ -40,9 +41,13 @@ BASE = deep_update(TINY, {"spec": {
     "evaluation": {"interval": 6, "maxSamples": 23},
     "data": {"validation": [{"format": "generated", "size": 23, "seed": 2}]},
 }})
-ZERO2 = {"distributed": {"backend": "deepspeed", "zeroStage": 2}}
+# Activation checkpointing on in both: with ZeRO-3 the recomputed forward gathers the partitioned
+# parameters again, the combination most likely to break. (Without it, ZeRO-2 and ZeRO-3 run in the
+# GPU script's CPU rehearsal, test_nan_policy and the real-pod ZeRO-3 test.)
+CHECKPOINTING = {"training": {"activationCheckpointing": True}}
+ZERO2 = {"distributed": {"backend": "deepspeed", "zeroStage": 2}, **CHECKPOINTING}
 ZERO3_OFFLOAD = {"distributed": {"backend": "deepspeed", "zeroStage": 3,
-                                 "offload": {"optimizer": "cpu", "parameters": "cpu"}}}
+                                 "offload": {"optimizer": "cpu", "parameters": "cpu"}}, **CHECKPOINTING}
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +79,17 @@ def test_zero2_and_zero3_offload_track_ddp(runs):
         summary = runs["summary"][name]
         assert summary["backend"] == "deepspeed" and summary["steps"] == STEPS
     assert runs["summary"]["zero2"]["zero_stage"] == 2 and runs["summary"]["zero3"]["zero_stage"] == 3
+
+
+def test_activation_checkpointing_logs_the_losses_of_keeping_activations_under_ddp(runs, tmp_path):
+    out = tmp_path / "ddp-checkpointing"
+    summary = torchrun_training(deep_update(BASE, {"spec": CHECKPOINTING}), out, 2)
+    assert summary["steps"] == STEPS
+    reference = logged_losses(runs["out"]["ddp"])
+    got = logged_losses(out)
+    assert got.keys() == reference.keys()
+    for step, loss in reference.items():
+        assert got[step] == pytest.approx(loss, rel=LOSS_RTOL), step
 
 
 def test_zero3_resumes_from_its_deepspeed_checkpoint(runs):
