@@ -68,14 +68,19 @@ def runs(tmp_path_factory):
     return {"out": out, "summary": summaries, "tmp": tmp}
 
 
+def assert_same_losses(out: Path, reference: dict[int, float], name: str) -> None:
+    """Every step `reference` logged, with the same loss (LOSS_RTOL)."""
+    got = logged_losses(out)
+    assert sorted(got) == sorted(reference), name
+    for step, loss in reference.items():
+        assert got[step] == pytest.approx(loss, rel=LOSS_RTOL), f"{name} step {step}"
+
+
 def test_zero2_and_zero3_offload_track_ddp(runs):
     reference = logged_losses(runs["out"]["ddp"])
     assert sorted(reference) == list(range(1, STEPS + 1))
     for name in ("zero2", "zero3"):
-        got = logged_losses(runs["out"][name])
-        assert sorted(got) == sorted(reference), name
-        for step, loss in reference.items():
-            assert got[step] == pytest.approx(loss, rel=LOSS_RTOL), f"{name} step {step}"
+        assert_same_losses(runs["out"][name], reference, name)
         summary = runs["summary"][name]
         assert summary["backend"] == "deepspeed" and summary["steps"] == STEPS
     assert runs["summary"]["zero2"]["zero_stage"] == 2 and runs["summary"]["zero3"]["zero_stage"] == 3
@@ -85,11 +90,7 @@ def test_activation_checkpointing_logs_the_losses_of_keeping_activations_under_d
     out = tmp_path / "ddp-checkpointing"
     summary = torchrun_training(deep_update(BASE, {"spec": CHECKPOINTING}), out, 2)
     assert summary["steps"] == STEPS
-    reference = logged_losses(runs["out"]["ddp"])
-    got = logged_losses(out)
-    assert got.keys() == reference.keys()
-    for step, loss in reference.items():
-        assert got[step] == pytest.approx(loss, rel=LOSS_RTOL), step
+    assert_same_losses(out, logged_losses(runs["out"]["ddp"]), "ddp with activation checkpointing")
 
 
 def test_zero3_resumes_from_its_deepspeed_checkpoint(runs):

@@ -52,6 +52,7 @@ def checkpoint_classes() -> list[Callable[..., Any] | tuple[Callable[..., Any], 
 
 # `cls`: whatever the pickle names (Any, so that comparing it leaves ZeroStageEnum as it is).
 def _enum_member(cls: Any, name: str) -> object:
+    import_deepspeed()  # loaded by checkpoint_classes already: a dictionary lookup
     from deepspeed.runtime.zero.config import ZeroStageEnum
 
     if cls is not ZeroStageEnum or not isinstance(name, str) or name not in ZeroStageEnum.__members__:

@@ -26,6 +26,6 @@ def import_deepspeed() -> ModuleType:
     try:
         deepspeed = importlib.import_module("deepspeed")
     finally:
-        if hide and "mlflow" in sys.modules and sys.modules["mlflow"] is None:
+        if hide and sys.modules.get("mlflow", ...) is None:  # still our placeholder
             del sys.modules["mlflow"]
     return deepspeed

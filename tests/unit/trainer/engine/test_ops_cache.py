@@ -67,3 +67,20 @@ def test_a_cache_that_cannot_be_used_leaves_the_build_to_deepspeed(monkeypatch, 
                                 "optimizer": {"type": "AdamW"}})
     assert ops_cache.EXTENSIONS_ENV not in ops_cache.os.environ
     assert f"the ops cache {not_a_folder} cannot be used" in caplog.text
+
+
+def test_a_build_that_fails_on_the_cache_gives_the_folder_back_to_deepspeed(monkeypatch, tmp_path, caplog):
+    """The cache's folder was made and TORCH_EXTENSIONS_DIR pointed at it, then the build could not
+    write there: DeepSpeed must not be left loading from a folder it cannot build in."""
+    monkeypatch.delenv(ops_cache.EXTENSIONS_ENV, raising=False)
+    monkeypatch.setenv(ops_cache.CACHE_ENV, str(tmp_path / "ops"))
+
+    def refused(folder):
+        assert ops_cache.os.environ[ops_cache.EXTENSIONS_ENV] == str(folder)
+        raise PermissionError(13, "Read-only file system", str(folder / "build.lock"))
+
+    monkeypatch.setattr(ops_cache, "build_cpu_adam", refused)
+    ops_cache.prepare_cpu_adam({"zero_optimization": {"offload_optimizer": {"device": "cpu"}},
+                                "optimizer": {"type": "AdamW"}})
+    assert ops_cache.EXTENSIONS_ENV not in ops_cache.os.environ
+    assert "cannot be used" in caplog.text and "Read-only file system" in caplog.text
