@@ -198,6 +198,9 @@ class Launcher:
         return code
 
     def _run(self) -> int:
+        # A mask inherited from whoever started us would hold these pending for good, in the command
+        # too (it inherits ours): the pod's SIGTERM would wait for the grace period's SIGKILL.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
         try:
             child = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         except OSError as exc:
@@ -208,7 +211,7 @@ class Launcher:
             child.send_signal(signum)
         assert child.stdout is not None
         tee = threading.Thread(target=self._tee, args=(child.stdout.fileno(),), daemon=True)
-        tee.start()
+        _start_deaf_to_signals(tee)
         code = _wait(child)
         tee.join(DRAIN_SECONDS)
         return code
@@ -256,6 +259,17 @@ class Launcher:
         except OSError as exc:
             self.say(f"warning: this attempt's log may be incomplete ({log.path}): {exc}")
         upload_log(log, self.environ, attempt_log_path(self.attempt, self.node_rank), self.say)
+
+
+def _start_deaf_to_signals(thread: threading.Thread) -> None:
+    """Start `thread` with the forwarded signals blocked (it inherits our mask), so that the kernel
+    delivers them to the main thread. Python runs handlers only there: one taken by another thread
+    would wait, unhandled, until the main thread's wait for the command returned on its own."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+    try:
+        thread.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _wait(child: subprocess.Popen[bytes]) -> int:

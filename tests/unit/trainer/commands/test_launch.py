@@ -195,8 +195,8 @@ def test_the_launchers_own_copy_is_bounded_too(tmp_path):
 # ------------------------------------------------------------------------------- signals
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
-def test_a_signal_to_the_launcher_reaches_the_command_which_stops_cleanly(tmp_path, signum):
+def stop_by_signal(tmp_path: Path, signum: int) -> None:
+    """The launcher runs a command that stops cleanly on `signum`; the launcher gets `signum`."""
     marker = tmp_path / "stopped"
     command = python(f"""
         import signal, sys, time
@@ -221,6 +221,44 @@ def test_a_signal_to_the_launcher_reaches_the_command_which_stops_cleanly(tmp_pa
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_signal_to_the_launcher_reaches_the_command_which_stops_cleanly(tmp_path, signum):
+    stop_by_signal(tmp_path, signum)
+
+
+def test_a_signal_mask_the_launcher_inherits_does_not_hold_sigterm_back(tmp_path):
+    """Whoever starts the launcher may have SIGTERM blocked (a signal mask survives exec), as
+    Python's multiprocessing does around starting its helpers: the pod's SIGTERM must still pass."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        stop_by_signal(tmp_path, signal.SIGTERM)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def test_only_the_launchers_main_thread_can_take_a_forwarded_signal(tmp_path):
+    """Python handles signals in the main thread alone; one the kernel gave the output's thread
+    would wait, while the main thread waits for the command, until the command ended by itself."""
+    masks = python("""
+        import os, time
+        tasks = f"/proc/{os.getppid()}/task"
+        deadline = time.monotonic() + 30
+        while len(os.listdir(tasks)) < 2 and time.monotonic() < deadline:  # the output's thread starts
+            time.sleep(0.01)
+        for tid in sorted(os.listdir(tasks), key=int):
+            status = open(f"{tasks}/{tid}/status").read()
+            blocked = next(line for line in status.splitlines() if line.startswith("SigBlk:")).split()[1]
+            print(tid == str(os.getppid()), int(blocked, 16))
+    """)
+    result = launch(masks, tmp_path)
+    assert result.returncode == 0, result.stderr.decode()
+    threads = [line.split() for line in result.stdout.decode().splitlines()]
+    forwarded = sum(1 << (int(sig) - 1) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
+    assert [main for main, _ in threads].count("True") == 1 and len(threads) >= 2
+    for main, blocked in threads:
+        assert int(blocked) & forwarded == (0 if main == "True" else forwarded)
 
 
 def test_a_command_killed_by_the_forwarded_sigterm_is_128_plus_15(tmp_path):
