@@ -243,6 +243,7 @@ def test_a_training_on_a_dirty_corpus_reports_what_it_dropped(tmp_path):
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["data"] == expected
 
 
+@pytest.mark.slow  # ~3-4 s each: a fresh process's peak memory
 @pytest.mark.parametrize("fmt", ["jsonl", "pairs"])
 def test_counting_streams_each_source_without_holding_it(tmp_path, fmt):
     """`rosetta validate` (read_checked(keep=False)) on a corpus larger than what it may hold: its

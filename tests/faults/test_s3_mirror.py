@@ -104,6 +104,7 @@ def fetch(url, bucket, root: Path):
 # ----------------------------------------------------------------- retries
 
 
+@pytest.mark.slow  # ~5 s: retries through injected errors
 def test_uploads_complete_through_injected_errors(s3_url, bucket, tmp_path):
     # Half the requests fail (500, dropped connections, 503); two in a row exhaust botocore's
     # 2 attempts, so both retry layers are exercised.
@@ -133,6 +134,7 @@ def test_uploads_complete_through_injected_errors(s3_url, bucket, tmp_path):
     assert not list(ckpt.parent.glob(".mirror-*")), "the upload snapshot is removed"
 
 
+@pytest.mark.slow  # ~5 s: every retry of a failing upload
 def test_an_upload_that_keeps_failing_leaves_no_marker_and_is_not_resumed(s3_url, bucket, tmp_path):
     broken = {"on": False}
 

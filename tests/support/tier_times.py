@@ -8,7 +8,9 @@ test that paid for it. Under xdist it also gives the minutes of each shared grou
 a floor under the wall time) and of each worker (how evenly the rest filled around them).
 
 Every test's seconds also go into pytest's cache (`.pytest_cache/v/rosetta/durations`, slowest first),
-since `--durations` prints only the top of a list whose long tail is most of the time.
+since `--durations` prints only the top of a list whose long tail is most of the time. A test not
+marked `slow` that took more than SLOW_SECONDS is named at the end: `make test-fast` runs what is
+not slow, and stays within its minutes only while every test in it stays short.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).resolve().parents[1]
+SLOW_SECONDS = 4.0
 
 
 class TierTimes:
@@ -31,12 +34,15 @@ class TierTimes:
         self.tests: dict[str, set[str]] = defaultdict(set)
         self.groups: dict[str, float] = defaultdict(float)
         self.workers: dict[str, float] = defaultdict(float)
+        self.unmarked: set[str] = set()  # the tests not marked slow
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         tier = tier_of(report.nodeid)
         self.seconds[tier] += report.duration
         self.per_test[report.nodeid] += report.duration
         self.tests[tier].add(report.nodeid)
+        if "slow" not in report.keywords:
+            self.unmarked.add(report.nodeid)
         group = group_of(report.nodeid)
         if group:
             self.groups[group] += report.duration
@@ -55,6 +61,11 @@ class TierTimes:
         for title, seconds in (("shared group", self.groups), ("worker", self.workers)):
             for name in sorted(seconds, key=lambda n: -seconds[n]):
                 terminalreporter.write_line(f"{title} {name:<{23 - len(title)}} {seconds[name] / 60:7.1f} min")
+        too_long = sorted((s, t) for t, s in self.per_test.items() if t in self.unmarked and s > SLOW_SECONDS)
+        if too_long:
+            terminalreporter.write_line(f"not marked slow, over {SLOW_SECONDS:.0f} s (make test-fast runs them):")
+            for seconds, test in reversed(too_long):
+                terminalreporter.write_line(f"  {seconds:6.1f} s {test}")
         cache = getattr(self.config, "cache", None)  # absent under -p no:cacheprovider
         if cache is not None:
             slowest = sorted(self.per_test.items(), key=lambda item: -item[1])

@@ -6,7 +6,7 @@ do. Each panel's query, with the dashboard variables set to this training, goes 
 Prometheus' HTTP API and must return a finite value. The queries over other exporters' series
 (dcgm-exporter's GPU counters, node-exporter's network bytes) run too, so they parse, but cannot
 return data here: for them the test checks that the names are exactly those the exporters publish.
-About 12 s on two cores, so not marked slow: `make test-fast` runs it too. The same queries run
+About 12 s on two cores: marked slow, as every test over 4 s is (docs/testing.md). The same queries run
 against a training in a pod in tests/cluster/test_real_pods.py.
 """
 
@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from control_plane import free_port
@@ -51,6 +52,7 @@ def test_exporter_names_are_the_exporters_own():
     assert used == DCGM_EXPORTER | NODE_EXPORTER
 
 
+@pytest.mark.slow  # ~12 s: a training and Prometheus
 def test_every_panel_query_returns_data_for_a_real_training(tmp_path):
     port = free_port()
     config = tmp_path / "training.yaml"

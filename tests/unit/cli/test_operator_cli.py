@@ -189,6 +189,7 @@ def test_crd_prints_the_committed_manifest(capsys):
     assert capsys.readouterr().out == (ROOT / "manifests" / "crd.yaml").read_text()
 
 
+@pytest.mark.slow  # ~7 s: the console script, a process per case
 def test_installed_command_exit_codes(tmp_path):
     # The console script end to end, as a user or CI runs it.
     rosetta = Path(sys.executable).with_name("rosetta")

@@ -237,6 +237,7 @@ assert sys.modules["torch"] is None  # still blocked: nothing imported it
     assert out.returncode == 0, out.stderr[-3000:]
 
 
+@pytest.mark.slow  # ~17 s: a training in a fresh process
 def test_a_training_runs_without_the_operator_the_s3_client_or_deepspeed(tmp_path):
     """The trainer image has no [operator]; `pip install 'rosetta-mt[trainer]'` has no [s3] or
     [deepspeed] either: a DDP training without an S3 mirror needs none of them (one that sets

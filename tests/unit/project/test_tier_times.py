@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from support.tier_times import TierTimes, group_of, tier_of
+from support.tier_times import SLOW_SECONDS, TierTimes, group_of, tier_of
 
 
 def test_a_test_counts_in_the_folder_below_tests():
@@ -19,17 +19,36 @@ def test_only_the_shared_groups_are_named():
     assert group_of("tests/unit/test_d.py::test_e[user@host.example]") == ""
 
 
-def test_every_tests_seconds_are_kept_slowest_first():
-    class Cache(dict):
-        def set(self, key, value):
-            self[key] = value
+class Cache(dict):
+    def set(self, key, value):
+        self[key] = value
 
-    config = type("Config", (), {"cache": Cache()})()
-    times = TierTimes(config)
-    for nodeid, when, seconds in (("tests/unit/a.py::fast", "call", 0.5), ("tests/cluster/b.py::slow@live", "setup", 3.0),
-                                  ("tests/cluster/b.py::slow@live", "call", 4.0)):
-        times.pytest_runtest_logreport(type("Report", (), {"nodeid": nodeid, "when": when, "duration": seconds})())
-    times.pytest_terminal_summary(type("Reporter", (), {"section": print, "write_line": print})())
-    kept = config.cache["rosetta/durations"]
+
+def report_of(reports: list[tuple[str, str, float, tuple[str, ...]]]) -> tuple[TierTimes, list[str]]:
+    """The plugin fed (node id, phase, seconds, markers) reports, and the lines it ends the run with."""
+    times = TierTimes(type("Config", (), {"cache": Cache()})())
+    for nodeid, when, seconds, marks in reports:
+        keywords = {nodeid.rpartition("::")[2]: 1, **dict.fromkeys(marks, 1)}
+        times.pytest_runtest_logreport(type("Report", (), {"nodeid": nodeid, "when": when, "duration": seconds,
+                                                           "keywords": keywords})())
+    lines: list[str] = []
+    times.pytest_terminal_summary(type("Reporter", (), {"section": lines.append, "write_line": lines.append})())
+    return times, lines
+
+
+def test_every_tests_seconds_are_kept_slowest_first():
+    times, _ = report_of([("tests/unit/a.py::fast", "call", 0.5, ()),
+                          ("tests/cluster/b.py::slow@live", "setup", 3.0, ("slow", "cluster")),
+                          ("tests/cluster/b.py::slow@live", "call", 4.0, ("slow", "cluster"))])
+    kept = times.config.cache["rosetta/durations"]
     assert kept == {"tests/cluster/b.py::slow@live": 7.0, "tests/unit/a.py::fast": 0.5}
     assert list(kept) == ["tests/cluster/b.py::slow@live", "tests/unit/a.py::fast"]
+
+
+def test_a_long_test_not_marked_slow_is_named_with_its_seconds():
+    """Setup and call add up; a slow-marked test of any length, and a short one, are not named."""
+    _, lines = report_of([("tests/unit/a.py::long", "setup", 3.0, ()), ("tests/unit/a.py::long", "call", 2.5, ()),
+                          ("tests/unit/a.py::short", "call", 3.9, ()),
+                          ("tests/training/b.py::marked", "call", 60.0, ("slow",))])
+    named = lines[lines.index(f"not marked slow, over {SLOW_SECONDS:.0f} s (make test-fast runs them):") + 1:]
+    assert [line.split() for line in named] == [["5.5", "s", "tests/unit/a.py::long"]]

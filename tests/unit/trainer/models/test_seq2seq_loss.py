@@ -114,6 +114,7 @@ def test_an_eager_step_never_waits_for_the_device(architecture, precision):
     assert counts.kernels > 0
 
 
+@pytest.mark.slow  # ~5-8 s each: dynamo's capture
 @pytest.mark.parametrize("architecture", ["transformer", "t5"])
 def test_the_criterion_compiles_whole(architecture):
     criterion = Seq2SeqLoss(model(architecture), smoothing=0.1, chunks=2)
@@ -123,6 +124,7 @@ def test_the_criterion_compiles_whole(architecture):
     assert explained.graph_count == 1
 
 
+@pytest.mark.slow  # ~20 s: an epoch through dynamo and aot_eager
 def test_one_compilation_serves_an_epoch_of_padded_batches():
     """Every batch of an epoch through the compiled criterion (dynamo's counters, aot_eager: the
     graph capture and autograd's partition, without generating kernels): shapes vary from batch to

@@ -243,6 +243,7 @@ def _two_ranks(tmp_path, tokenizer, pairs, roots, local_size, target=_rank, text
     return got
 
 
+@pytest.mark.slow  # ~5-6 s: two rank processes
 def test_two_ranks_map_the_files_one_of_them_wrote(pairs, tokenizer, tmp_path):
     root = tmp_path / "prepared"
     # The rank that does not write never reads the training text.
@@ -256,6 +257,7 @@ def test_two_ranks_map_the_files_one_of_them_wrote(pairs, tokenizer, tmp_path):
     assert maps0 == maps1 and any(m.endswith("source_ids.npy") for m in maps0)
 
 
+@pytest.mark.slow  # ~5-6 s: two rank processes
 def test_on_two_nodes_without_shared_storage_each_node_writes_its_own(pairs, tokenizer, tmp_path):
     # One rank per node; each node's output is its own directory (a pod's local disk).
     roots = [tmp_path / "node0" / "prepared", tmp_path / "node1" / "prepared"]
@@ -281,6 +283,7 @@ def test_data_files_unchanged_since_they_were_prepared_find_the_directory_withou
     assert shards.find_prepared(tmp_path, "same-files", tokenizer, 48, 48, ALONE) is None
 
 
+@pytest.mark.slow  # ~5-6 s: two rank processes
 def test_a_node_whose_disk_lacks_the_prepared_directory_makes_every_rank_read_the_text(pairs, tokenizer, tmp_path):
     roots = [tmp_path / "node0" / "prepared", tmp_path / "node1" / "prepared"]
     shards.prepare_corpus(roots[0], tokenizer, Reported(pairs, {"read": 600, "kept": 600}), 48, 48, ALONE,
@@ -291,6 +294,7 @@ def test_a_node_whose_disk_lacks_the_prepared_directory_makes_every_rank_read_th
     assert [found for _, found, *_ in _two_ranks(tmp_path, tokenizer, pairs, roots, 1, _find_rank)] == [True, True]
 
 
+@pytest.mark.slow  # ~5-6 s: two rank processes
 def test_on_two_nodes_with_shared_storage_rank_0_writes(pairs, tokenizer, tmp_path):
     root = tmp_path / "shared" / "prepared"
     (_, path0, _, _, wrote0), (_, path1, _, _, wrote1) = _two_ranks(tmp_path, tokenizer, pairs, [root, root], 1,
@@ -299,6 +303,7 @@ def test_on_two_nodes_with_shared_storage_rank_0_writes(pairs, tokenizer, tmp_pa
     assert [p.name for p in root.iterdir()] == [os.path.basename(path0)]
 
 
+@pytest.mark.slow  # ~3-5 s: two rank processes
 def test_a_data_error_in_the_writer_stops_every_rank_with_its_message(pairs, tokenizer, tmp_path):
     root = tmp_path / "prepared"
     got = _two_ranks(tmp_path, tokenizer, pairs, [root, root], 2, texts=[BadData(pairs), Unreadable()])
@@ -307,6 +312,7 @@ def test_a_data_error_in_the_writer_stops_every_rank_with_its_message(pairs, tok
     assert not list(root.iterdir())  # nothing mapped or kept, the writer's temporary directory neither
 
 
+@pytest.mark.slow  # ~5-6 s: two rank processes
 def test_nodes_whose_copies_of_the_data_differ_are_told(pairs, tokenizer, tmp_path):
     roots = [tmp_path / "node0" / "prepared", tmp_path / "node1" / "prepared"]
     edited = ([pairs[0][0] + " x", *pairs[0][1:]], pairs[1])

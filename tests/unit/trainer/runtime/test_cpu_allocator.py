@@ -39,6 +39,7 @@ def probe(**env) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # ~6 s: torch in fresh processes
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_freed_pages_are_reused_instead_of_faulted_in_again():
     default, tuned = probe(), probe(ROSETTA_CPU_ALLOCATOR="keep")

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PROBE = """
 import sys
 from rosetta_trainer.runtime.deepspeed_import import import_deepspeed
@@ -16,6 +18,7 @@ print("then:", type(mlflow).__name__, import_deepspeed() is deepspeed)
 """
 
 
+@pytest.mark.slow  # ~5 s: DeepSpeed and MLflow in a fresh process
 def test_deepspeed_loads_without_mlflow_which_imports_afterwards():
     res = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]

@@ -45,6 +45,7 @@ def wandb_records(run_dir):
             yield record
 
 
+@pytest.mark.slow  # ~5 s: W&B and its service process
 def test_wandb_offline_run_holds_the_config_and_every_logged_curve(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
