@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from support.tier_times import SLOW_SECONDS, TierTimes, group_of, tier_of
 
 
@@ -24,9 +26,10 @@ class Cache(dict):
         self[key] = value
 
 
-def report_of(reports: list[tuple[str, str, float, tuple[str, ...]]]) -> tuple[TierTimes, list[str]]:
+def report_of(reports: list[tuple[str, str, float, tuple[str, ...]]],
+              markexpr: str = "") -> tuple[TierTimes, list[str]]:
     """The plugin fed (node id, phase, seconds, markers) reports, and the lines it ends the run with."""
-    times = TierTimes(type("Config", (), {"cache": Cache()})())
+    times = TierTimes(type("Config", (), {"cache": Cache(), "option": SimpleNamespace(markexpr=markexpr)})())
     for nodeid, when, seconds, marks in reports:
         keywords = {nodeid.rpartition("::")[2]: 1, **dict.fromkeys(marks, 1)}
         times.pytest_runtest_logreport(type("Report", (), {"nodeid": nodeid, "when": when, "duration": seconds,
@@ -45,10 +48,13 @@ def test_every_tests_seconds_are_kept_slowest_first():
     assert list(kept) == ["tests/cluster/b.py::slow@live", "tests/unit/a.py::fast"]
 
 
-def test_a_long_test_not_marked_slow_is_named_with_its_seconds():
-    """Setup and call add up; a slow-marked test of any length, and a short one, are not named."""
-    _, lines = report_of([("tests/unit/a.py::long", "setup", 3.0, ()), ("tests/unit/a.py::long", "call", 2.5, ()),
-                          ("tests/unit/a.py::short", "call", 3.9, ()),
-                          ("tests/training/b.py::marked", "call", 60.0, ("slow",))])
-    named = lines[lines.index(f"not marked slow, over {SLOW_SECONDS:.0f} s (make test-fast runs them):") + 1:]
+def test_a_long_test_not_marked_slow_is_named_where_slow_tests_were_left_out():
+    """Setup and call add up; a slow-marked test, and a short one, are not named; nor is anything in
+    a run that did not leave slow tests out (its load stretches every test)."""
+    reports = [("tests/unit/a.py::long", "setup", 3.0, ()), ("tests/unit/a.py::long", "call", 2.5, ()),
+               ("tests/unit/a.py::short", "call", 3.9, ()), ("tests/training/b.py::marked", "call", 60.0, ("slow",))]
+    _, lines = report_of(reports, markexpr="not slow and not cluster")
+    named = lines[lines.index(f"not marked slow, over {SLOW_SECONDS:.0f} s:") + 1:]
     assert [line.split() for line in named] == [["5.5", "s", "tests/unit/a.py::long"]]
+    _, lines = report_of(reports)
+    assert not [line for line in lines if "not marked slow" in line]
