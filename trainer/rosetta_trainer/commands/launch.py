@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import BinaryIO, Callable, Mapping, Optional
 
@@ -49,6 +50,8 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 FROM_TERMINAL = (signal.SIGINT, signal.SIGHUP)
 # After the command exits, how long output may still come: a worker that outlived torchrun holds the pipe.
 DRAIN_SECONDS = 10.0
+# How often the launcher looks at the command while it runs, and so the longest a forwarded signal waits.
+WAKE_SECONDS = 0.2
 CHUNK = 64 * 1024
 
 
@@ -274,16 +277,33 @@ def _start_deaf_to_signals(thread: threading.Thread) -> None:
 
 def _wait(child: subprocess.Popen[bytes]) -> int:
     """The child's exit code, 128+N for a death by signal N. As a container's PID 1, also reap
-    the orphans the kernel hands us (a worker's own children, once the worker is gone)."""
-    if os.getpid() != 1:
-        code = child.wait()
-    else:
-        while True:
-            pid, status = os.wait()
-            if pid == child.pid:
-                code = child.returncode = os.waitstatus_to_exitcode(status)
-                break
-    return 128 - code if code < 0 else code
+    the orphans the kernel hands us (a worker's own children, once the worker is gone).
+
+    Polled, never one blocking wait: Python runs a signal's handler when the main thread next runs
+    Python code, and a wait that no signal interrupts (one the kernel gave another thread, or none
+    at all) would hold the forwarding back until the command ended by itself."""
+    while True:
+        if os.getpid() == 1:
+            code = _reap_until(child)
+        else:
+            code = child.poll()
+        if code is not None:
+            return 128 - code if code < 0 else code
+        time.sleep(WAKE_SECONDS)
+
+
+def _reap_until(child: subprocess.Popen[bytes]) -> Optional[int]:
+    """Reap every child that has ended; the command's code once it is among them (or once a poll
+    of the signal forwarding reaped it first), None while it runs."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:  # none left: the command was reaped already
+            pid = 0
+        if pid == child.pid:
+            child.returncode = os.waitstatus_to_exitcode(status)
+        if pid in (0, child.pid):
+            return child.returncode
 
 
 def _terminal_signals_our_group() -> bool:

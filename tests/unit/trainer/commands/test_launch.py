@@ -195,6 +195,25 @@ def test_the_launchers_own_copy_is_bounded_too(tmp_path):
 # ------------------------------------------------------------------------------- signals
 
 
+def thread_states(pid: int) -> str:
+    """Every thread of `pid` and of its children: state, wait channel, pending, blocked and caught
+    signals; what a failure to stop needs to be understood."""
+    lines = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        children = [int(c) for t in tasks for c in Path(f"/proc/{pid}/task/{t}/children").read_text().split()]
+        for process in [pid, *children]:
+            for task in os.listdir(f"/proc/{process}/task"):
+                status = Path(f"/proc/{process}/task/{task}/status").read_text().splitlines()
+                wanted = [line.replace("\t", " ") for line in status
+                          if line.startswith(("Name", "State", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt"))]
+                wchan = Path(f"/proc/{process}/task/{task}/wchan").read_text()
+                lines.append(f"{process}/{task} wchan={wchan} " + "; ".join(wanted))
+    except OSError as exc:
+        lines.append(f"(/proc: {exc})")
+    return "\n".join(lines)
+
+
 def stop_by_signal(tmp_path: Path, signum: int) -> None:
     """The launcher runs a command that stops cleanly on `signum`; the launcher gets `signum`."""
     marker = tmp_path / "stopped"
@@ -215,7 +234,11 @@ def stop_by_signal(tmp_path: Path, signum: int) -> None:
         assert proc.stdout.readline() == b"ready\n"
         started = time.monotonic()
         proc.send_signal(signum)
-        assert proc.wait(timeout=30) == 0
+        try:
+            code = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the launcher still ran 30 s after {signal.Signals(signum).name}:\n{thread_states(proc.pid)}")
+        assert code == 0
         assert time.monotonic() - started < 10
         assert marker.read_text() == signal.Signals(signum).name
     finally:
@@ -259,6 +282,39 @@ def test_only_the_launchers_main_thread_can_take_a_forwarded_signal(tmp_path):
     assert [main for main, _ in threads].count("True") == 1 and len(threads) >= 2
     for main, blocked in threads:
         assert int(blocked) & forwarded == (0 if main == "True" else forwarded)
+
+
+ORPHAN_COMMAND = """
+import os, sys, time
+if os.fork() == 0:  # an intermediate that leaves its own child an orphan
+    if os.fork() == 0:
+        open(sys.argv[1], "w").write(str(os.getpid()))
+        time.sleep(0.2)
+        os._exit(0)
+    os._exit(0)
+os.wait()
+time.sleep(2)
+sys.exit(7)
+"""
+
+
+def test_as_pid_1_the_launcher_reaps_orphans_while_it_waits_for_the_command(tmp_path):
+    """In a container the launcher is PID 1: a worker's children that outlive it are handed to it,
+    and each must be reaped (not left a zombie) while the command runs; the command's code is kept.
+    PID 1 is played by a child subreaper, to which the kernel hands orphans the same way."""
+    orphan = tmp_path / "orphan.pid"
+    probe = python(f"""
+        import ctypes, os, subprocess, sys
+        from rosetta_trainer.commands import launch
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+        os.getpid = lambda: 1
+        command = subprocess.Popen([sys.executable, "-c", {ORPHAN_COMMAND!r}, {str(orphan)!r}])
+        code = launch._wait(command)
+        pid = open({str(orphan)!r}).read()
+        print(code, "zombie" if os.path.exists(f"/proc/{{pid}}") else "reaped")
+    """)
+    result = subprocess.run(probe, capture_output=True, text=True, timeout=60)
+    assert result.stdout.split() == ["7", "reaped"], result.stdout + result.stderr
 
 
 def test_a_command_killed_by_the_forwarded_sigterm_is_128_plus_15(tmp_path):
