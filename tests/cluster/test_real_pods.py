@@ -295,3 +295,8 @@ def test_summarization_with_zero3_and_offload_trains_on_two_real_pods(node_clust
     assert "rougeL" in json.dumps(summary)
     built = [so.relative_to(cache) for so in (cache / "deepspeed-ops").glob("*/cpu_adam/cpu_adam.so")]
     assert built, sorted(p.relative_to(cache) for p in cache.rglob("*"))
+    # This run's pods took CPU Adam from the cache (built or loaded): the .so above may be an earlier
+    # run's. Rank 0 logs at INFO; its node's log of each attempt is kept on the volume by the launcher.
+    logs = sorted((storage / name / "logs").glob("attempt-*/node-0.log"))
+    assert logs and all("DeepSpeed CPU Adam from the ops cache /cache/deepspeed-ops/" in log.read_text()
+                        for log in logs), {str(log): log.read_text()[-2000:] for log in logs}
