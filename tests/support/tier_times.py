@@ -65,10 +65,11 @@ class TierTimes:
         for title, seconds in (("shared group", self.groups), ("worker", self.workers)):
             for name in sorted(seconds, key=lambda n: -seconds[n]):
                 terminalreporter.write_line(f"{title} {name:<{23 - len(title)}} {seconds[name] / 60:7.1f} min")
-        too_long = sorted((s, t) for t, s in self.per_test.items() if t in self.unmarked and s > SLOW_SECONDS)
+        too_long = sorted(((s, t) for t, s in self.per_test.items() if t in self.unmarked and s > SLOW_SECONDS),
+                          reverse=True)
         if too_long:
             terminalreporter.write_line(f"not marked slow, over {SLOW_SECONDS:.0f} s:")
-            for seconds, test in reversed(too_long):
+            for seconds, test in too_long:
                 terminalreporter.write_line(f"  {seconds:6.1f} s {test}")
         cache = getattr(self.config, "cache", None)  # absent under -p no:cacheprovider
         if cache is not None:

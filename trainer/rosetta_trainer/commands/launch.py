@@ -282,14 +282,10 @@ def _wait(child: subprocess.Popen[bytes]) -> int:
     Polled, never one blocking wait: Python runs a signal's handler when the main thread next runs
     Python code, and a wait that no signal interrupts (one the kernel gave another thread, or none
     at all) would hold the forwarding back until the command ended by itself."""
-    while True:
-        if os.getpid() == 1:
-            code = _reap_until(child)
-        else:
-            code = child.poll()
-        if code is not None:
-            return 128 - code if code < 0 else code
+    ended: Callable[[], Optional[int]] = (lambda: _reap_until(child)) if os.getpid() == 1 else child.poll
+    while (code := ended()) is None:
         time.sleep(WAKE_SECONDS)
+    return 128 - code if code < 0 else code
 
 
 def _reap_until(child: subprocess.Popen[bytes]) -> Optional[int]:
