@@ -3,7 +3,9 @@
 It runs the command (`torchrun` as this interpreter's torch.distributed.run, so no PATH lookup;
 anything else as given) and
   - passes SIGTERM, SIGINT and SIGHUP on to it: torchrun forwards them to every worker, whose stop
-    checkpoint must fit in the pod's grace period (preemption.py);
+    checkpoint must fit in the pod's grace period (preemption.py). They are taken synchronously
+    (blocked in every thread of the launcher, taken by sigtimedwait), not by a Python handler,
+    which runs only when the interpreter's main thread next checks for one;
   - copies its output, as it comes, to its own and to this node's log of this attempt,
     $ROSETTA_OUTPUT/logs/attempt-A/node-R.log (failures.attempt_log_path), which outlives the pod on
     the training's volume. The newest MAX_ATTEMPT_LOG_BYTES are kept: the older half moves to
@@ -24,7 +26,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import BinaryIO, Callable, Mapping, Optional
 
@@ -48,9 +49,13 @@ MODULES = {"torchrun": "torch.distributed.run"}
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # A terminal sends these to its whole foreground process group, the command included.
 FROM_TERMINAL = (signal.SIGINT, signal.SIGHUP)
+# What the launcher waits for: a signal to pass on, or a child that ended (the command, or an orphan
+# to reap as PID 1).
+AWAITED = (*FORWARDED, signal.SIGCHLD)
 # After the command exits, how long output may still come: a worker that outlived torchrun holds the pipe.
 DRAIN_SECONDS = 10.0
-# How often the launcher looks at the command while it runs, and so the longest a forwarded signal waits.
+# The longest the launcher waits without looking at the command: SIGCHLD wakes it as soon as a child
+# ends, this only bounds a SIGCHLD lost to a disposition the launcher inherited.
 WAKE_SECONDS = 0.2
 CHUNK = 64 * 1024
 
@@ -118,7 +123,6 @@ class Launcher:
         self.argv, self.environ, self.out = argv, environ, out
         self.attempt, self.node_rank = _int_env(environ, ATTEMPT_ENV), _int_env(environ, NODE_RANK_ENV)
         self.child: Optional[subprocess.Popen[bytes]] = None
-        self._pending: list[int] = []
         self._lock = threading.Lock()  # the output's thread and the launcher's own lines
         self.log: Optional[AttemptLog] = None
         self.log = self._open_log(max_log_bytes)
@@ -160,14 +164,11 @@ class Launcher:
 
     # ----------------------------------------------------------------- signals
 
-    def _forward(self, signum: int, frame: object) -> None:
+    def _pass_on(self, child: subprocess.Popen[bytes], signum: int) -> None:
         if signum in FROM_TERMINAL and _terminal_signals_our_group():
             return  # the terminal sent it to the command too: a second one would cut its shutdown short
-        child = self.child
-        if child is None:
-            self._pending.append(signum)
-        else:
-            child.send_signal(signum)
+        self.say(f"passing {signal.Signals(signum).name} on to the command (pid {child.pid})")
+        child.send_signal(signum)
 
     # ----------------------------------------------------------------- running
 
@@ -189,33 +190,34 @@ class Launcher:
             self._to_log(chunk)
 
     def run(self) -> int:
-        previous = {sig: signal.signal(sig, self._forward) for sig in FORWARDED}
+        # From here on the awaited signals stay pending until _wait takes them; the command and only
+        # the command starts with them unblocked (a mask survives exec, and whoever started us may
+        # have blocked SIGTERM: the pod's SIGTERM would wait for the grace period's SIGKILL).
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, AWAITED)
         try:
             code = self._run()
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            while signal.sigtimedwait(FORWARDED, 0) is not None:
+                pass  # came after the command ended: there is no one left to pass them to
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
         if self.child is not None:  # the command ran: a class is the trainer's, not a stale file's
             code = self._classified(code)
         self._close_log()
         return code
 
     def _run(self) -> int:
-        # A mask inherited from whoever started us would hold these pending for good, in the command
-        # too (it inherits ours): the pod's SIGTERM would wait for the grace period's SIGKILL.
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
         try:
-            child = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            child = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     preexec_fn=_unblock_awaited)
         except OSError as exc:
             self.say(f"cannot run {self.argv[0]}: {exc}")
             return 127
         self.child = child
-        for signum in self._pending:  # came while it started
-            child.send_signal(signum)
         assert child.stdout is not None
+        # Started with the signals blocked, as every thread the launcher starts: none may take them.
         tee = threading.Thread(target=self._tee, args=(child.stdout.fileno(),), daemon=True)
-        _start_deaf_to_signals(tee)
-        code = _wait(child)
+        tee.start()
+        code = _wait(child, lambda signum: self._pass_on(child, signum))
         tee.join(DRAIN_SECONDS)
         return code
 
@@ -264,27 +266,24 @@ class Launcher:
         upload_log(log, self.environ, attempt_log_path(self.attempt, self.node_rank), self.say)
 
 
-def _start_deaf_to_signals(thread: threading.Thread) -> None:
-    """Start `thread` with the forwarded signals blocked (it inherits our mask), so that the kernel
-    delivers them to the main thread. Python runs handlers only there: one taken by another thread
-    would wait, unhandled, until the main thread's wait for the command returned on its own."""
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
-    try:
-        thread.start()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+def _unblock_awaited() -> None:
+    """In the command's process, between fork and exec (the launcher has one thread then)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, AWAITED)
 
 
-def _wait(child: subprocess.Popen[bytes]) -> int:
-    """The child's exit code, 128+N for a death by signal N. As a container's PID 1, also reap
-    the orphans the kernel hands us (a worker's own children, once the worker is gone).
+def _wait(child: subprocess.Popen[bytes], on_signal: Callable[[int], None]) -> int:
+    """The child's exit code, 128+N for a death by signal N, handing each forwarded signal that comes
+    meanwhile to `on_signal`. As a container's PID 1, also reap the orphans the kernel hands us (a
+    worker's own children, once the worker is gone).
 
-    Polled, never one blocking wait: Python runs a signal's handler when the main thread next runs
-    Python code, and a wait that no signal interrupts (one the kernel gave another thread, or none
-    at all) would hold the forwarding back until the command ended by itself."""
+    The caller has AWAITED blocked: sigtimedwait takes them from the pending set in this thread, so a
+    signal is passed on as soon as it comes, whichever thread the kernel chose and whatever the
+    interpreter was doing."""
     ended: Callable[[], Optional[int]] = (lambda: _reap_until(child)) if os.getpid() == 1 else child.poll
     while (code := ended()) is None:
-        time.sleep(WAKE_SECONDS)
+        info = signal.sigtimedwait(AWAITED, WAKE_SECONDS)
+        if info is not None and info.si_signo != signal.SIGCHLD:
+            on_signal(info.si_signo)
     return 128 - code if code < 0 else code
 
 

@@ -227,9 +227,11 @@ def stop_by_signal(tmp_path: Path, signum: int) -> None:
         time.sleep(60)
         sys.exit(3)
     """)
-    proc = subprocess.Popen([*LAUNCH, *command], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                            start_new_session=True,  # no terminal: the launcher alone gets the signal
-                            env={**os.environ, TERMINATION_LOG_ENV: str(tmp_path / "termination-log")})
+    stderr = tmp_path / "launcher-stderr"
+    with open(stderr, "wb") as err:
+        proc = subprocess.Popen([*LAUNCH, *command], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, stderr=err,
+                                start_new_session=True,  # no terminal: the launcher alone gets the signal
+                                env={**os.environ, TERMINATION_LOG_ENV: str(tmp_path / "termination-log")})
     try:
         assert proc.stdout.readline() == b"ready\n"
         started = time.monotonic()
@@ -237,10 +239,12 @@ def stop_by_signal(tmp_path: Path, signum: int) -> None:
         try:
             code = proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            pytest.fail(f"the launcher still ran 30 s after {signal.Signals(signum).name}:\n{thread_states(proc.pid)}")
-        assert code == 0
+            pytest.fail(f"the launcher still ran 30 s after {signal.Signals(signum).name}:\n{thread_states(proc.pid)}"
+                        f"\nits stderr: {stderr.read_text()!r}")
+        assert code == 0, stderr.read_text()
         assert time.monotonic() - started < 10
         assert marker.read_text() == signal.Signals(signum).name
+        assert f"passing {signal.Signals(signum).name} on to the command" in stderr.read_text()
     finally:
         proc.kill()
         proc.wait()
@@ -261,27 +265,42 @@ def test_a_signal_mask_the_launcher_inherits_does_not_hold_sigterm_back(tmp_path
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def test_only_the_launchers_main_thread_can_take_a_forwarded_signal(tmp_path):
-    """Python handles signals in the main thread alone; one the kernel gave the output's thread
-    would wait, while the main thread waits for the command, until the command ended by itself."""
+def test_the_forwarded_signals_wait_for_the_launcher_in_its_threads_and_not_in_the_command(tmp_path):
+    """Every thread of the launcher blocks them, so they stay pending until its main thread's wait
+    takes them (sigtimedwait, which unblocks them for the wait alone: no Python handler, which runs
+    only when the main thread next runs Python); the command starts with them unblocked, whatever
+    mask the launcher was given."""
     masks = python("""
         import os, time
-        tasks = f"/proc/{os.getppid()}/task"
+        launcher = os.getppid()
         deadline = time.monotonic() + 30
-        while len(os.listdir(tasks)) < 2 and time.monotonic() < deadline:  # the output's thread starts
+        while len(os.listdir(f"/proc/{launcher}/task")) < 2 and time.monotonic() < deadline:  # the output's thread
             time.sleep(0.01)
-        for tid in sorted(os.listdir(tasks), key=int):
-            status = open(f"{tasks}/{tid}/status").read()
+        time.sleep(0.1)  # the main thread is back in its wait
+        tasks = [(os.getpid(), os.getpid())] + [(launcher, int(t)) for t in os.listdir(f"/proc/{launcher}/task")]
+        for pid, tid in tasks:
+            status = open(f"/proc/{pid}/task/{tid}/status").read()
             blocked = next(line for line in status.splitlines() if line.startswith("SigBlk:")).split()[1]
-            print(tid == str(os.getppid()), int(blocked, 16))
+            wchan = open(f"/proc/{pid}/task/{tid}/wchan").read() or "-"
+            who = "command" if pid == os.getpid() else "main" if tid == launcher else "thread"
+            print(who, int(blocked, 16), wchan)
     """)
-    result = launch(masks, tmp_path)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP})  # survives exec
+    try:
+        result = launch(masks, tmp_path)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
     assert result.returncode == 0, result.stderr.decode()
     threads = [line.split() for line in result.stdout.decode().splitlines()]
     forwarded = sum(1 << (int(sig) - 1) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
-    assert [main for main, _ in threads].count("True") == 1 and len(threads) >= 2
-    for main, blocked in threads:
-        assert int(blocked) & forwarded == (0 if main == "True" else forwarded)
+    assert sorted({who for who, _, _ in threads}) == ["command", "main", "thread"], threads
+    for who, blocked, wchan in threads:
+        if who == "command":
+            assert int(blocked) & forwarded == 0, threads
+        elif who == "thread":
+            assert int(blocked) & forwarded == forwarded, threads
+        else:
+            assert int(blocked) & forwarded == forwarded or wchan.startswith("do_sigtimedwait"), threads
 
 
 ORPHAN_COMMAND = """
@@ -309,7 +328,7 @@ def test_as_pid_1_the_launcher_reaps_orphans_while_it_waits_for_the_command(tmp_
         ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
         os.getpid = lambda: 1
         command = subprocess.Popen([sys.executable, "-c", {ORPHAN_COMMAND!r}, {str(orphan)!r}])
-        code = launch._wait(command)
+        code = launch._wait(command, lambda signum: None)
         pid = open({str(orphan)!r}).read()
         print(code, "zombie" if os.path.exists(f"/proc/{{pid}}") else "reaped")
     """)
