@@ -32,8 +32,9 @@ from support import worker_groups
 from support.cluster import Cluster, start_control_plane
 
 # The image fixtures (a docker engine, the built images) serve tests/images, tests/cluster and the
-# node tier alike, so every folder below gets them, as a plugin rather than as names imported here.
-pytest_plugins = ["support.images"]
+# node tier alike, so every folder below gets them, as a plugin rather than as names imported here;
+# so does the warm server every trainer a test starts is forked from (docs/testing.md).
+pytest_plugins = ["support.images", "support.forked_trainers"]
 
 # One intra-op thread per process: `make test` runs two workers on two cores, and torch would give
 # each a thread per core, so that OpenMP's barriers wait on threads the other worker descheduled

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from support.forked_trainers import trainer_process
+
 
 def start_training(cfg: Path, output: Path, ranks: int, log: Path, env: dict[str, str]) -> subprocess.Popen:
     """`rosetta train` as one process, or under `torchrun --standalone` with `ranks` workers;
@@ -72,14 +74,15 @@ def kill_gang(proc: subprocess.Popen) -> None:
 
 
 def rank_pid(proc: subprocess.Popen, ranks: int, rank: int, timeout: float = 300) -> int:
-    """The process of `rank`: the trainer itself, or the torchrun worker whose env says RANK=rank."""
+    """The process of `rank`: the trainer itself, or the torchrun worker whose env says RANK=rank
+    (the trainer forked for it, where a warm server forked it: support.forked_trainers)."""
     if ranks == 1:
-        return proc.pid
+        return trainer_process(proc.pid, timeout)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for pid, environ in _children(proc.pid):
             if f"RANK={rank}".encode() in environ:
-                return pid
+                return trainer_process(pid, timeout)
         assert proc.poll() is None, "torchrun ended before its workers could be found"
         time.sleep(0.05)
     raise AssertionError(f"no worker with RANK={rank} under torchrun {proc.pid} after {timeout} s")
