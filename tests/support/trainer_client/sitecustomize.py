@@ -54,8 +54,8 @@ def _stand_in(path, module, args):
     try:
         conn.connect(path)
         socket.send_fds(conn, [struct.pack("!I", len(payload)) + payload], [0, 1, 2])
-        replies = conn.makefile("rb")
-        reply = json.loads(replies.readline())
+        line, rest = _first_line(conn)
+        reply = json.loads(line)
     except (OSError, ValueError):
         conn.close()
         return  # no server (yet), or one gone: start as usual
@@ -63,15 +63,32 @@ def _stand_in(path, module, args):
         conn.close()
         return  # declined (reply["fallback"] says why): start as usual
     try:
-        _follow(reply["pid"], replies, forwarded)
+        _follow(reply["pid"], conn, rest, forwarded)
     finally:  # whatever happened: the trainer ran, so this process must never start one of its own
         os._exit(1)
 
 
-def _follow(trainer, replies, forwarded):
-    """Pass each signal on to the forked trainer, then end as it ended."""
+def _first_line(conn, rest=b""):
+    """(the first newline-ended message, what came after it) from `conn`."""
+    while b"\n" not in rest:
+        chunk = conn.recv(65536)
+        if not chunk:
+            raise OSError("the server closed the connection")
+        rest += chunk
+    line, _, rest = rest.partition(b"\n")
+    return line, rest
+
+
+def _follow(trainer, conn, rest, forwarded):
+    """Pass each signal on to the forked trainer, then end as it ended.
+
+    A Python handler runs at the interpreter's next check, so one whose signal came just before a
+    blocking read would wait for that read to end (the trainer's end, here): the handlers' C half
+    also writes to a wakeup socket, which the select below watches beside the server's."""
     import json
+    import select
     import signal
+    import socket
 
     def pass_on(signum, frame):
         try:
@@ -79,17 +96,31 @@ def _follow(trainer, replies, forwarded):
         except ProcessLookupError:
             pass
 
+    wake, woken = socket.socketpair()
+    wake.setblocking(False)
+    woken.setblocking(False)
+    signal.set_wakeup_fd(woken.fileno(), warn_on_full_buffer=False)
     for signum in forwarded:
         if signal.getsignal(signum) is not signal.SIG_IGN:
             signal.signal(signum, pass_on)
-    try:
-        status = json.loads(replies.readline())["status"]  # a signal meanwhile is passed on, then it reads on
-    except (OSError, ValueError, KeyError):
-        sys.stderr.write("[trainer server] gone before the trainer ended\n")
-        os._exit(1)
+    while b"\n" not in rest:
+        ready, _, _ = select.select([conn, wake], [], [])  # handlers run as it returns
+        if wake in ready:
+            try:
+                wake.recv(4096)
+            except BlockingIOError:
+                pass
+        if conn in ready:
+            chunk = conn.recv(65536)
+            if not chunk:
+                sys.stderr.write("[trainer server] gone before the trainer ended\n")
+                os._exit(1)
+            rest += chunk
+    status = json.loads(rest.partition(b"\n")[0])["status"]
     if os.WIFSIGNALED(status):
         signum = os.WTERMSIG(status)
         if signum != signal.SIGKILL:  # SIGKILL's action cannot be set, and is the default
+            signal.set_wakeup_fd(-1)
             signal.signal(signum, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
         os.kill(os.getpid(), signum)

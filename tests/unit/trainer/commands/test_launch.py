@@ -224,7 +224,10 @@ def stop_by_signal(tmp_path: Path, signum: int) -> None:
             sys.exit(0)
         signal.signal({int(signum)}, stop)
         print("ready", flush=True)
-        time.sleep(60)
+        # Short sleeps: a handler runs at the interpreter's next check, so a signal that lands
+        # between that check and the start of one long sleep would wait for the whole sleep.
+        for _ in range(1200):
+            time.sleep(0.05)
         sys.exit(3)
     """)
     stderr = tmp_path / "launcher-stderr"
