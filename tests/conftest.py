@@ -41,6 +41,10 @@ pytest_plugins = ["support.images", "support.forked_trainers"]
 # (the trainer's unit tests ran 24% longer so, measured). Every process a test starts inherits it, as
 # the training tests' own launches already set it.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# One compile thread for the same reason (inductor's default is a pool of fresh processes), for every
+# process alike: read when torch._inductor's config is imported, so a trainer given another value than
+# its pytest worker has could not be forked from the warm trainer server (support.forked_trainers).
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 # DeepSpeed compiles its CPU Adam into torch's extension folder, one per op name: a checkout with its
 # virtualenv at another path writes other include paths into the same build file, and ninja rebuilds

@@ -49,6 +49,8 @@ RUNTIME_NAMES = {
     "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",
     # torch.cuda.is_available() reads it at each call; DeepSpeed's import sets it in os.environ
     "PYTORCH_NVML_BASED_CUDA_CHECK",
+    # an address inductor sets in os.environ just before a compiled C++ wrapper reads it
+    "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR",
 }
 # Which GPUs a process may see: read when CUDA is first asked, which no import of the server does.
 # On a machine without one, no value can make a difference.
@@ -86,6 +88,7 @@ class Server:
         self.log = open(log_path, "a", buffering=1)
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.path = path
+        self.pid = os.getpid()
         self.selector = selectors.DefaultSelector()
         self.running: dict[int, socket.socket] = {}  # forked trainer -> its asker's connection
         self.askers: dict[socket.socket, int] = {}
@@ -124,12 +127,17 @@ class Server:
         """Serves until a fork: returns (request, descriptors) in the forked trainer only."""
         while True:
             for key, _ in self.selector.select(timeout=0.05):
-                if key.fileobj is self.listener:
-                    forked = self.accept()
-                    if forked is not None:
-                        return forked
-                else:
-                    self.asker_readable(key.fileobj)  # type: ignore[arg-type]
+                try:
+                    if key.fileobj is self.listener:
+                        forked = self.accept()
+                        if forked is not None:
+                            return forked
+                    else:
+                        self.asker_readable(key.fileobj)  # type: ignore[arg-type]
+                except Exception as exc:  # one request gone wrong must not end the others' trainers
+                    if os.getpid() != self.pid:
+                        raise  # in a forked trainer: its own failure, to its own stderr
+                    self.note(event="error", error=repr(exc))
             self.reap()
 
     def accept(self) -> Optional[tuple[dict[str, Any], list[int]]]:
