@@ -136,8 +136,10 @@ def summary(folder: Path) -> str | None:
     declined = collections.Counter(e["reason"] for e in events if e["event"] == "declined")
     ready = [e["seconds"] for e in events if e["event"] == "ready"]
     why = ", ".join(f"{reason}: {n}" for reason, n in declined.most_common(6))
+    cold = sorted({e["module"] for e in events if e["event"] == "warm-failed"})  # each trainer imports these itself
     return (f"trainers forked from a warm server: {forked}; declined: {sum(declined.values())}"
-            + (f" ({why})" if why else "") + f"; servers ready after {', '.join(f'{s:.1f}' for s in ready)} s")
+            + (f" ({why})" if why else "") + f"; servers ready after {', '.join(f'{s:.1f}' for s in ready)} s"
+            + (f"; not imported by the servers: {', '.join(cold)}" if cold else ""))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:

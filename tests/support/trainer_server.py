@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import importlib
 import io
 import json
 import os
@@ -65,6 +66,7 @@ WARM_MODULES = [
     "rosetta_trainer.telemetry.telemetry", "rosetta_trainer.runtime.distributed",
     "rosetta_trainer.engine.deepspeed_backend", "rosetta_trainer.checkpoints.deepspeed_checkpoints",
     "rosetta_trainer.runtime.cpu_allocator",
+    "rosetta_trainer.runtime.deepspeed_import:import_deepspeed",  # the ZeRO ranks' DeepSpeed, the trainer's way
 ]
 PR_SET_PDEATHSIG = 1
 ACCEPT_TIMEOUT = 10.0
@@ -96,17 +98,14 @@ class Server:
 
     def warm(self, modules: list[str]) -> None:
         started = time.monotonic()
-        for name in modules:
+        for name in modules:  # MODULE, or MODULE:FUNCTION to call once imported
+            module, _, function = name.partition(":")
             try:
-                __import__(name)
+                imported = importlib.import_module(module)
+                if function:
+                    getattr(imported, function)()
             except Exception as exc:  # one module missing costs its import in each trainer, not the server
                 self.note(event="warm-failed", module=name, error=repr(exc))
-        try:  # the ZeRO ranks' DeepSpeed, the trainer's way (without MLflow)
-            from rosetta_trainer.runtime.deepspeed_import import import_deepspeed
-
-            import_deepspeed()
-        except Exception as exc:
-            self.note(event="warm-failed", module="deepspeed", error=repr(exc))
         threads = len(os.listdir("/proc/self/task"))
         self.note(event="ready", seconds=round(time.monotonic() - started, 2), threads=threads,
                   modules=len(sys.modules))
@@ -173,7 +172,7 @@ class Server:
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            self.close_in_child(keep=fds)
+            self.close_in_child()
             conn.close()
             return request, fds
         for fd in fds:
@@ -237,7 +236,7 @@ class Server:
     def _send(conn: socket.socket, message: dict[str, Any]) -> None:
         conn.sendall(json.dumps(message).encode() + b"\n")
 
-    def close_in_child(self, keep: list[int]) -> None:
+    def close_in_child(self) -> None:
         self.selector.close()
         self.listener.close()
         for conn in self.askers:

@@ -168,9 +168,10 @@ def test_the_runs_summary_counts_forks_and_why_the_rest_started_fresh(tmp_path):
     (tmp_path / "gw0.jsonl").write_text("\n".join(json.dumps(e) for e in [
         {"event": "ready", "seconds": 8.25}, {"event": "forked", "pid": 1}, {"event": "forked", "pid": 2},
         {"event": "declined", "reason": "HF_HOME differs"}, {"event": "ended", "pid": 1, "status": 0}]) + "\n")
-    (tmp_path / "gw1.jsonl").write_text(json.dumps({"event": "ready", "seconds": 9.0}) + "\n")
+    (tmp_path / "gw1.jsonl").write_text(json.dumps({"event": "warm-failed", "module": "deepspeed"}) + "\n"
+                                        + json.dumps({"event": "ready", "seconds": 9.0}) + "\n")
     assert summary(tmp_path) == ("trainers forked from a warm server: 2; declined: 1 (HF_HOME differs: 1); "
-                                 "servers ready after 8.2, 9.0 s")
+                                 "servers ready after 8.2, 9.0 s; not imported by the servers: deepspeed")
     assert summary(tmp_path / "none") is None
 
 
