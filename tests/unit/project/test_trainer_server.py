@@ -70,9 +70,14 @@ def events(log: Path) -> list[dict]:
     return [json.loads(line) for line in log.read_text().splitlines()]
 
 
-def ask(env: dict, *args: str, **kwargs) -> subprocess.CompletedProcess:
+def _sigint_default():
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def ask(env: dict, *args: str, preexec_fn=_sigint_default, **kwargs) -> subprocess.CompletedProcess:
+    """The probe run as a test would run a trainer; SIGINT at its default, whatever this run inherited."""
     return subprocess.run([sys.executable, "-m", PROBE, *args], capture_output=True, text=True, timeout=60,
-                          env=env, **kwargs)
+                          env=env, preexec_fn=preexec_fn, **kwargs)
 
 
 def test_a_served_command_runs_forked_as_the_asker_would_have_run(served, tmp_path):
@@ -92,6 +97,21 @@ def test_a_served_command_runs_forked_as_the_asker_would_have_run(served, tmp_pa
     assert (report["cwd"], report["umask"], report["stdin"], report["name"]) == (
         str(tmp_path), 0o027, "from stdin", "__main__")
     assert report["env"] == ["x", None] and "default_int_handler" in report["sigint"]
+
+
+def _sigint_ignored():
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def test_a_signal_the_asker_inherited_ignored_stays_ignored_in_the_served_command(served):
+    """A background job of a shell without job control starts with SIGINT ignored, and Python keeps
+    it so (no KeyboardInterrupt); the forked command must too, not get the server's handlers."""
+    env, log, _ = served
+    before = len(events(log))
+    result = ask(env, "report", "0", input="", preexec_fn=_sigint_ignored)
+    assert result.returncode == 0, result.stderr
+    assert [e["event"] for e in events(log)[before:]].count("forked") == 1
+    assert json.loads(result.stdout)["sigint"] == repr(signal.SIG_IGN)
 
 
 def test_an_environment_an_import_may_read_differently_is_declined_and_starts_fresh(served):
