@@ -68,13 +68,26 @@ def _stand_in(path, module, args):
         os._exit(1)
 
 
-def _first_line(conn, rest=b""):
-    """(the first newline-ended message, what came after it) from `conn`."""
+def _first_line(conn, rest=b"", wake=None):
+    """(the first newline-ended message, what came after it) from `conn`; OSError if it closes first.
+
+    With `wake` (the read end of a signal wakeup socket) it also wakes for each signal, so that the
+    signal's Python handler runs at once instead of after the read."""
+    import select
+
+    watched = [conn] if wake is None else [conn, wake]
     while b"\n" not in rest:
-        chunk = conn.recv(65536)
-        if not chunk:
-            raise OSError("the server closed the connection")
-        rest += chunk
+        ready, _, _ = select.select(watched, [], [])  # handlers run as it returns
+        if wake in ready:
+            try:
+                wake.recv(4096)
+            except BlockingIOError:
+                pass
+        if conn in ready:
+            chunk = conn.recv(65536)
+            if not chunk:
+                raise OSError("the server closed the connection")
+            rest += chunk
     line, _, rest = rest.partition(b"\n")
     return line, rest
 
@@ -84,9 +97,8 @@ def _follow(trainer, conn, rest, forwarded):
 
     A Python handler runs at the interpreter's next check, so one whose signal came just before a
     blocking read would wait for that read to end (the trainer's end, here): the handlers' C half
-    also writes to a wakeup socket, which the select below watches beside the server's."""
+    also writes to a wakeup socket, which the read of the trainer's end watches beside the server's."""
     import json
-    import select
     import signal
     import socket
 
@@ -103,20 +115,12 @@ def _follow(trainer, conn, rest, forwarded):
     for signum in forwarded:
         if signal.getsignal(signum) is not signal.SIG_IGN:
             signal.signal(signum, pass_on)
-    while b"\n" not in rest:
-        ready, _, _ = select.select([conn, wake], [], [])  # handlers run as it returns
-        if wake in ready:
-            try:
-                wake.recv(4096)
-            except BlockingIOError:
-                pass
-        if conn in ready:
-            chunk = conn.recv(65536)
-            if not chunk:
-                sys.stderr.write("[trainer server] gone before the trainer ended\n")
-                os._exit(1)
-            rest += chunk
-    status = json.loads(rest.partition(b"\n")[0])["status"]
+    try:
+        line, _ = _first_line(conn, rest, wake)
+    except OSError:
+        sys.stderr.write("[trainer server] gone before the trainer ended\n")
+        os._exit(1)
+    status = json.loads(line)["status"]
     if os.WIFSIGNALED(status):
         signum = os.WTERMSIG(status)
         if signum != signal.SIGKILL:  # SIGKILL's action cannot be set, and is the default

@@ -55,29 +55,31 @@ def served(tmp_path_factory):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE / "trainer_client"), str(folder)]),
            MODULES_ENV: PROBE, SERVER_ENV: str(folder / "server.sock"), "PYTHONUNBUFFERED": "1"}
     log = folder / "server.jsonl"
+    server = start_server(env, log)
+    yield env, log, folder
+    server.terminate()
+    server.wait(timeout=30)
+
+
+def start_server(env: dict, log: Path) -> subprocess.Popen:
+    """A server on env's socket, once it listens."""
     server = subprocess.Popen([sys.executable, str(HERE / "trainer_server.py"), env[SERVER_ENV], str(log), "json"],
                               env=env, stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 60
     while not Path(env[SERVER_ENV]).exists():
         assert server.poll() is None and time.monotonic() < deadline, "the server did not start"
         time.sleep(0.05)
-    yield env, log, folder
-    server.terminate()
-    server.wait(timeout=30)
+    return server
 
 
 def events(log: Path) -> list[dict]:
     return [json.loads(line) for line in log.read_text().splitlines()]
 
 
-def _sigint_default():
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def ask(env: dict, *args: str, preexec_fn=_sigint_default, **kwargs) -> subprocess.CompletedProcess:
-    """The probe run as a test would run a trainer; SIGINT at its default, whatever this run inherited."""
+def ask(env: dict, *args: str, sigint=signal.SIG_DFL, **kwargs) -> subprocess.CompletedProcess:
+    """The probe run as a test would run a trainer, with SIGINT's action `sigint` whatever this run inherited."""
     return subprocess.run([sys.executable, "-m", PROBE, *args], capture_output=True, text=True, timeout=60,
-                          env=env, preexec_fn=preexec_fn, **kwargs)
+                          env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, sigint), **kwargs)
 
 
 def test_a_served_command_runs_forked_as_the_asker_would_have_run(served, tmp_path):
@@ -99,16 +101,12 @@ def test_a_served_command_runs_forked_as_the_asker_would_have_run(served, tmp_pa
     assert report["env"] == ["x", None] and "default_int_handler" in report["sigint"]
 
 
-def _sigint_ignored():
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 def test_a_signal_the_asker_inherited_ignored_stays_ignored_in_the_served_command(served):
     """A background job of a shell without job control starts with SIGINT ignored, and Python keeps
     it so (no KeyboardInterrupt); the forked command must too, not get the server's handlers."""
     env, log, _ = served
     before = len(events(log))
-    result = ask(env, "report", "0", input="", preexec_fn=_sigint_ignored)
+    result = ask(env, "report", "0", input="", sigint=signal.SIG_IGN)
     assert result.returncode == 0, result.stderr
     assert [e["event"] for e in events(log)[before:]].count("forked") == 1
     assert json.loads(result.stdout)["sigint"] == repr(signal.SIG_IGN)
@@ -136,6 +134,20 @@ def test_a_signal_to_the_asker_reaches_the_forked_command_and_its_death_is_the_a
     os.kill(int(asker.stdout.readline()), signal.SIGKILL)
     assert asker.wait(timeout=30) == -signal.SIGKILL
 
+
+
+def test_a_server_that_dies_under_a_forked_command_ends_the_asker_saying_so(served, tmp_path):
+    env, _, _ = served
+    env = {**env, SERVER_ENV: str(tmp_path / "own.sock")}
+    server = start_server(env, tmp_path / "own.jsonl")
+    asker = subprocess.Popen([sys.executable, "-m", PROBE, "wait"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=env)
+    forked_pid = int(asker.stdout.readline())
+    server.kill()
+    server.wait(timeout=30)
+    assert asker.wait(timeout=30) == 1  # never a trainer of its own after one ran
+    assert "[trainer server] gone before the trainer ended" in asker.stderr.read()
+    wait_gone(forked_pid, "the forked command outlived its server")
 
 def gone(pid: int) -> bool:
     try:
